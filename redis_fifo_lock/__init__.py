@@ -1,0 +1,26 @@
+"""redis-fifo-lock: a distributed FIFO mutex on Redis.
+
+``FifoLock`` is the asyncio lock; ``SyncFifoLock`` runs it for threads and sync
+code; ``LoopClients`` gives each event loop its own client.
+"""
+
+from .clients import LoopClients
+from .errors import LeaseLost, LockError, LockTimeout, LockUsageError, RedisUnavailable
+from .lease import Lease, LockStatus
+from .lock import FifoLock
+from .settings import LockSettings
+from .sync import SyncFifoLock
+
+__all__ = [
+    "FifoLock",
+    "Lease",
+    "LeaseLost",
+    "LockError",
+    "LockSettings",
+    "LockStatus",
+    "LockTimeout",
+    "LockUsageError",
+    "LoopClients",
+    "RedisUnavailable",
+    "SyncFifoLock",
+]

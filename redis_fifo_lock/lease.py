@@ -1,0 +1,83 @@
+"""What a holder gets back: the ``Lease``, and ``LockStatus`` for onlookers."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+
+class Lease:
+    """Proof that the caller holds a lock, returned by ``acquire()``.
+
+    Ownership travels with this object: only the holder of the ``Lease`` can
+    release or renew the grant, never another task that shares the lock object.
+
+    Attributes:
+        name: the lock name (str).
+        token: the request token (str) this grant answered.
+        fence: fencing token (int), strictly increasing with every grant of this
+            lock name. Pass it to the resource you protect so it can reject a
+            holder whose lease expired while it was frozen.
+        ticket: arrival order (int) of the request at Redis; grants of one name
+            are made in ticket order.
+    """
+
+    def __init__(self, name: str, token: str, fence: int, ticket: int) -> None:
+        self.name = name
+        self.token = token
+        self.fence = fence
+        self.ticket = ticket
+        self.released = False
+        self.lost_reason: str | None = None
+        self._lost = asyncio.Event()
+        self._renewal: asyncio.Task[None] | None = None
+
+    @property
+    def lost(self) -> bool:
+        """True once Redis refused a renewal (or could not be reached for a whole
+        lease): the lock may already belong to someone else. Readable from any
+        thread. ``lost_reason`` (str) says why."""
+        return self.lost_reason is not None
+
+    def mark_lost(self, reason: str) -> None:
+        """Record that the lease is lost (first reason wins). For the lock's use."""
+        if self.lost_reason is None:
+            self.lost_reason = reason
+            self._lost.set()
+
+    async def wait_lost(self) -> None:
+        """Return when the lease is lost; useful to cancel work that must stop.
+        Must be awaited on the event loop that acquired the lease."""
+        await self._lost.wait()
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self.released else "held"
+        return (
+            f"<Lease {self.name!r} fence={self.fence} ticket={self.ticket} "
+            f"token={self.token!r} {state}>"
+        )
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    """A snapshot of a lock, from ``FifoLock.status()``.
+
+    Attributes:
+        name: the lock name (str).
+        held: whether someone holds the lock now (bool).
+        fence: the last fence ever granted for this name (int; 0 if never).
+        waiting: how many requests are queued (int; may include waiters whose
+            process died and that will be skipped at the next hand-off).
+        holder_fence: fence (int) of the current holder, None when not held.
+        holder_ticket: ticket (int) of the current holder, None when not held.
+        lease_left_ms: milliseconds (int) before the current lease expires
+            unless renewed, None when not held.
+    """
+
+    name: str
+    held: bool
+    fence: int
+    waiting: int
+    holder_fence: int | None = None
+    holder_ticket: int | None = None
+    lease_left_ms: int | None = None

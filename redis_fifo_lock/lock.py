@@ -1,0 +1,343 @@
+"""``FifoLock``: the asyncio FIFO mutex.
+
+What it promises: at most one holder at a time while the holder's event loop
+runs at least once per ``lease_ms`` and reaches Redis; grants in the order the
+requests reached Redis; a dead holder replaced within ``lease_ms``; fences that
+strictly increase per name while the server keeps its data; loud failure
+(``LeaseLost``, ``lease.lost``) instead of silent overlap.
+
+What it does not promise: exclusion across a pause (GC, SIGSTOP, VM freeze,
+partition) longer than ``lease_ms`` - pass ``lease.fence`` to the resource so it
+can refuse stale writers; anything across a Redis failover or restart that loses
+writes (the fence counter included); bounding a holder that is alive but stuck,
+beyond ``max_hold_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis
+from redis.asyncio import Redis
+
+from .errors import LeaseLost, LockTimeout, LockUsageError, RedisUnavailable
+from .lease import Lease, LockStatus
+from .protocol import (
+    GAVE_BACK,
+    NOT_HELD,
+    PROTOCOL,
+    RENEWED,
+    Grant,
+    LockKeys,
+    Protocol,
+)
+from .settings import LockSettings, check_name
+from .waiting import Hub, Waiter, WaitGroup, hub_for
+
+log = logging.getLogger("redis_fifo_lock")
+
+MAX_TOKEN_LENGTH = 128
+RENEW_RETRY_S = 0.5
+"""Pause before a renewal that could not reach Redis is tried again, in seconds."""
+
+
+def check_timeout(timeout: object) -> float | None:
+    """Return ``timeout`` (seconds) as a float, or None to wait forever.
+
+    Raises:
+        ValueError: for negative, NaN, bool or non-numeric timeouts.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def check_token(token: object) -> str:
+    """Return ``token`` if it can identify a request, else raise ``ValueError``."""
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
+        raise ValueError(
+            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, got {token!r}"
+        )
+    if any(ch.isspace() for ch in token):
+        raise ValueError(f"token must not contain whitespace, got {token!r}")
+    return token
+
+
+class FifoLock:
+    """A distributed FIFO mutex on one Redis server, for asyncio code.
+
+    Args:
+        redis_client: a ``redis.asyncio.Redis``, used only on the event loop it
+            belongs to. (For threads and sync code use ``SyncFifoLock``.)
+        name: the lock's name (str): every process that uses the same name on
+            the same server shares the lock. Required; see ``check_name``.
+        lease_ms: milliseconds a grant survives without renewal (default
+            60_000). Bounds crash detection; the holder renews in the background
+            every ``lease_ms / 3``. Must exceed the longest stretch your event
+            loop can be blocked.
+        poll_ms: milliseconds between a waiting process's polls (default
+            30_000); latency only when a doorbell ring was lost. At most
+            ``lease_ms / 2``.
+        max_hold_ms: milliseconds one grant may be renewed in total (default
+            1_800_000); afterwards renewal is refused and ``lease.lost`` is set.
+
+    Raises:
+        ValueError: naming the setting, for a bad name or settings.
+        TypeError: when ``redis_client`` is a synchronous ``redis.Redis``.
+
+    Instances are cheap and hold no ownership: they can be shared by many
+    tasks, and made per call.
+    """
+
+    def __init__(
+        self,
+        redis_client: Redis,
+        name: str,
+        *,
+        lease_ms: int = 60_000,
+        poll_ms: int = 30_000,
+        max_hold_ms: int = 1_800_000,
+    ) -> None:
+        if isinstance(redis_client, redis.Redis):
+            raise TypeError(
+                f"FIFO lock {name!r} needs a redis.asyncio client, got a synchronous "
+                "redis.Redis; use SyncFifoLock from sync code"
+            )
+        self.name = check_name(name)
+        self.settings = LockSettings(lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms)
+        self.client = redis_client
+        self.keys = LockKeys(self.name)
+        self._protocol: Protocol = PROTOCOL
+
+    def __repr__(self) -> str:
+        return f"<FifoLock {self.name!r} lease_ms={self.settings.lease_ms}>"
+
+    @asynccontextmanager
+    async def hold(
+        self, timeout: float | None = None, *, token: str | None = None
+    ) -> AsyncIterator[Lease]:
+        """Acquire, run the block holding the lock, and always release.
+
+        ``async with lock.hold(timeout=5) as lease: ...`` - arguments as for
+        ``acquire``. Raises what ``acquire`` raises on entry and ``LeaseLost``
+        on exit if the lease was lost while the block ran.
+        """
+        lease = await self.acquire(timeout, token=token)
+        try:
+            yield lease
+        finally:
+            # Shielded: a second cancellation must not leave the lease to expire.
+            await asyncio.shield(self.release(lease))
+
+    async def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
+        """Wait for the lock, in arrival order, and return the ``Lease``.
+
+        Args:
+            timeout: seconds to wait (float); None waits forever, 0 tries once.
+            token: identity of this request (str without whitespace, at most
+                128 characters). Retrying with the same token keeps the place in
+                the queue, or returns the grant if it was already made. Default:
+                a fresh random token.
+
+        Raises:
+            LockTimeout: (a ``TimeoutError``) when ``timeout`` ran out; the
+                request was withdrawn and no grant is left behind.
+            RedisUnavailable: when Redis could not be reached. The request may
+                be queued: retry with the same ``token`` to keep its place.
+            ValueError: for a bad ``timeout`` or ``token``.
+
+        On cancellation the request is withdrawn (and a grant that landed
+        meanwhile is handed on at once) before ``CancelledError`` propagates.
+        """
+        wait_s = check_timeout(timeout)
+        token = secrets.token_hex(16) if token is None else check_token(token)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        hub = hub_for(self.client)
+        await hub.check_eviction_policy(self.name)
+        group = hub.group(self.keys, self.settings, self._protocol)
+        waiter = group.join(token)
+        try:
+            grant = await self._enqueue(hub, group, token)
+            if grant is None:
+                grant = await self._wait(group, waiter, started, wait_s)
+        finally:
+            group.leave(token)
+        return self._start_lease(hub, token, grant)
+
+    async def _enqueue(self, hub: Hub, group: WaitGroup, token: str) -> Grant | None:
+        call = asyncio.ensure_future(group.enqueue(token))
+        try:
+            grant, ticket = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            # Cancelled after the script was sent: its outcome is unknown until
+            # the reply arrives. Wait for it, then withdraw, so the withdrawal
+            # reaches Redis after the enqueue it undoes.
+            await asyncio.shield(self._withdraw_after(hub, call, token))
+            raise
+        if grant is None:
+            group.wait(group.waiters[token], ticket)
+        return grant
+
+    async def _wait(
+        self, group: WaitGroup, waiter: Waiter, started: float, wait_s: float | None
+    ) -> Grant:
+        loop = asyncio.get_running_loop()
+        remaining = None if wait_s is None else max(0.0, started + wait_s - loop.time())
+        try:
+            done, _ = await asyncio.wait({waiter.future}, timeout=remaining)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._withdraw(group.hub, waiter.token))
+            raise
+        if done:
+            return waiter.future.result()
+        await self._withdraw(group.hub, waiter.token)
+        waited = loop.time() - started
+        raise LockTimeout(
+            self.name,
+            f"not acquired within {wait_s:g} s (waited {waited:.3f} s; holder fence "
+            f"{group.holder_fence}); the request was withdrawn",
+            waited=waited,
+            holder_fence=group.holder_fence,
+        )
+
+    async def _withdraw_after(
+        self, hub: Hub, call: asyncio.Future[tuple[Grant | None, int]], token: str
+    ) -> None:
+        await asyncio.gather(call, return_exceptions=True)
+        await self._withdraw(hub, token)
+
+    async def _withdraw(self, hub: Hub, token: str) -> None:
+        try:
+            async with hub.calls:
+                outcome = await self._protocol.withdraw(hub.client, self.keys, token)
+        except RedisUnavailable as exc:
+            log.warning(
+                "FIFO lock %r: could not withdraw request %s (%s); it is skipped once "
+                "this process stops polling",
+                self.name,
+                token,
+                exc.cause,
+            )
+            return
+        if outcome == GAVE_BACK:
+            log.debug("FIFO lock %r: grant to %s landed while giving up", self.name, token)
+
+    def _start_lease(self, hub: Hub, token: str, grant: Grant) -> Lease:
+        lease = Lease(self.name, token, grant.fence, grant.ticket)
+        lease._renewal = asyncio.create_task(self._renew(hub, lease, grant.pttl_ms))
+        return lease
+
+    async def _renew(self, hub: Hub, lease: Lease, pttl_ms: int) -> None:
+        """Keep ``lease`` alive until released; mark it lost when Redis refuses."""
+        loop = asyncio.get_running_loop()
+        settings = self.settings
+        interval = settings.renew_every_s
+        expires_at = loop.time() + pttl_ms / 1000
+        next_at = loop.time() + min(interval, pttl_ms / 2000)
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            late = loop.time() - next_at
+            if late > settings.lease_ms / 3000:
+                log.warning(
+                    "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d); the "
+                    "event loop was blocked - raise lease_ms or stop blocking the loop",
+                    self.name,
+                    late,
+                    settings.lease_ms,
+                )
+            sent = loop.time()
+            try:
+                async with hub.calls:
+                    outcome, pttl_ms = await self._protocol.renew(
+                        hub.client, self.keys, lease.token, lease.fence, settings.lease_ms
+                    )
+            except RedisUnavailable as exc:
+                if loop.time() >= expires_at:
+                    self._lose(lease, f"Redis unreachable for the whole lease ({exc.cause})")
+                    return
+                next_at = loop.time() + min(RENEW_RETRY_S, interval)
+                continue
+            if outcome != RENEWED:
+                reason = (
+                    f"max_hold_ms ({settings.max_hold_ms}) reached"
+                    if outcome != 0
+                    else "Redis refused the renewal: the lease expired or was taken"
+                )
+                self._lose(lease, reason)
+                return
+            expires_at = sent + pttl_ms / 1000
+            next_at = sent + min(interval, pttl_ms / 2000)
+
+    def _lose(self, lease: Lease, reason: str) -> None:
+        lease.mark_lost(reason)
+        log.warning("FIFO lock %r: lease fence %d lost: %s", self.name, lease.fence, reason)
+
+    async def release(self, lease: Lease) -> None:
+        """Release ``lease`` and hand the lock to the next waiter.
+
+        Releasing an already released lease is a no-op; so is Redis seeing the
+        same release twice.
+
+        Raises:
+            LeaseLost: the lock was no longer held by this lease (it expired, was
+                refused renewal, or was taken after its keys vanished).
+            RedisUnavailable: Redis could not be reached; the lease is kept (not
+                renewed) and ``release`` can be retried.
+            LockUsageError: ``lease`` belongs to another lock name.
+        """
+        if not isinstance(lease, Lease) or lease.name != self.name:
+            raise LockUsageError(
+                self.name,
+                f"release() got {lease!r}, which is not a lease of this lock; release a "
+                "lease with the lock (same name) that granted it",
+            )
+        if lease.released:
+            return
+        renewal = lease._renewal
+        if renewal is not None:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)
+        hub = hub_for(self.client)
+        async with hub.calls:
+            outcome = await self._protocol.release(hub.client, self.keys, lease.token, lease.fence)
+        lease.released = True
+        if outcome == NOT_HELD:
+            reason = lease.lost_reason or "the lease expired or was taken before release"
+            lease.mark_lost(reason)
+            raise LeaseLost(
+                self.name,
+                f"lease fence {lease.fence} was no longer held at release ({reason}); "
+                "the critical section may have overlapped with the next holder",
+                fence=lease.fence,
+                token=lease.token,
+            )
+
+    async def status(self) -> LockStatus:
+        """A snapshot of the lock: held or not, last fence, queue length.
+
+        Raises:
+            RedisUnavailable: when Redis could not be reached.
+        """
+        hub = hub_for(self.client)
+        async with hub.calls:
+            reply = await self._protocol.status(hub.client, self.keys)
+        grant = reply.grant
+        return LockStatus(
+            name=self.name,
+            held=grant is not None,
+            fence=reply.last_fence,
+            waiting=reply.waiting,
+            holder_fence=grant.fence if grant else None,
+            holder_ticket=grant.ticket if grant else None,
+            lease_left_ms=grant.pttl_ms if grant else None,
+        )

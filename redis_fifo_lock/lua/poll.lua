@@ -1,0 +1,22 @@
+-- poll.lua: the periodic check of a process that has waiters on this lock. It
+-- refreshes the process's liveness, grants the lock if it is free (the poll is
+-- the authority: it works with no doorbell at all), and reports the state.
+--
+-- KEYS: the seven lock keys, see lib.lua.
+-- ARGV[1] doorbell channel name
+-- ARGV[2] session id of the polling process
+-- ARGV[3] alive_ms: how long the session counts as alive from now, in milliseconds
+--
+-- Returns {holder_token, fence, ticket, pttl_ms, head_ticket}:
+--   the holder's grant (holder_token false and the numbers 0 when nobody holds
+--   the lock) and the ticket of the first queued request (false when the queue
+--   is empty). A waiter whose ticket is below head_ticket and that is not the
+--   holder is no longer queued.
+local doorbell, session, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now = now_ms()
+redis.call('ZADD', K_ALIVE, now + alive_ms, session)
+grant_next(now, doorbell)
+local held = current_grant() or {false, 0, 0, 0}
+local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+held[5] = head[2] and tonumber(head[2]) or false
+return held

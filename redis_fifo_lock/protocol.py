@@ -1,0 +1,187 @@
+"""The Redis side of the lock: key layout, the Lua scripts, and their replies.
+
+Each state transition is one Lua script in ``lua/``, loaded once per server and
+run with EVALSHA (reloaded on NOSCRIPT). Each method here runs one script and
+turns its reply into a small typed value; redis-py errors become
+``RedisUnavailable`` naming the lock. Nothing here keeps state between calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, RedisError
+
+from .errors import RedisUnavailable
+
+KEY_PREFIX = "fifolock"
+"""Prefix of every key and channel the lock uses: ``fifolock:{<name>}:<part>``."""
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """Names of the lock's keys and doorbell channel, all sharing one hash tag.
+
+    ``{<name>}`` is the Redis Cluster hash tag, so every key lands in one slot.
+    """
+
+    name: str
+
+    def key(self, part: str) -> str:
+        """The full Redis key for ``part`` (e.g. ``"queue"``) of this lock."""
+        return f"{KEY_PREFIX}:{{{self.name}}}:{part}"
+
+    @property
+    def all(self) -> list[str]:
+        """The seven keys in the order every script expects them (see lib.lua)."""
+        parts = ("queue", "waiters", "alive", "lease", "tickets", "fences", "released")
+        return [self.key(part) for part in parts]
+
+    @property
+    def doorbell(self) -> str:
+        """The pub/sub channel rung on every grant."""
+        return self.key("doorbell")
+
+
+class Script:
+    """One Lua script file, with ``lib.lua`` prepended, run by SHA."""
+
+    def __init__(self, filename: str) -> None:
+        folder = files(__package__) / "lua"
+        self.filename = filename
+        self.source = (folder / "lib.lua").read_text() + "\n" + (folder / filename).read_text()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    async def run(self, client: Redis, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA the script, loading it first if the server does not know it."""
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await client.script_load(self.source)
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A grant as Redis reported it: fence and ticket, lease time left in ms."""
+
+    fence: int
+    ticket: int
+    pttl_ms: int
+
+
+@dataclass(frozen=True)
+class PollReply:
+    """What a waiting process learns from one poll."""
+
+    holder: str | None
+    grant: Grant | None
+    head_ticket: int | None
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    """Read-only snapshot of the lock's keys."""
+
+    holder: str | None
+    grant: Grant | None
+    last_fence: int
+    waiting: int
+
+
+RELEASED, ALREADY_RELEASED, NOT_HELD = 1, 0, -1
+WITHDRAWN, GAVE_BACK, NOTHING = 1, 2, 0
+RENEWED, RENEW_REFUSED, MAX_HOLD_REACHED = 1, 0, -2
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Protocol:
+    """The scripts of the lock, one method per script.
+
+    Tests swap in variants of single scripts to build deliberately broken locks
+    (mutants); production code uses the module-level ``PROTOCOL``.
+    """
+
+    def __init__(self, **overrides: Script) -> None:
+        names = ("acquire", "release", "renew", "withdraw", "poll", "status")
+        self.scripts = {name: overrides.get(name) or Script(f"{name}.lua") for name in names}
+
+    async def _call(self, client: Redis, keys: LockKeys, script: str, *args: Any) -> Any:
+        try:
+            return await self.scripts[script].run(client, keys.all, list(args))
+        except RedisError as exc:
+            raise RedisUnavailable(
+                keys.name,
+                f"Redis failed during {script}: {type(exc).__name__}: {exc}; "
+                "check that the server is reachable and the client's credentials",
+                cause=exc,
+            ) from exc
+
+    async def acquire(
+        self,
+        client: Redis,
+        keys: LockKeys,
+        token: str,
+        session: str,
+        lease_ms: int,
+        max_hold_ms: int,
+        alive_ms: int,
+    ) -> tuple[Grant | None, int]:
+        """Enqueue (or find) ``token``; return (grant or None, ticket)."""
+        reply = await self._call(
+            client,
+            keys,
+            "acquire",
+            keys.doorbell,
+            token,
+            session,
+            lease_ms,
+            max_hold_ms,
+            alive_ms,
+        )
+        if reply[0] == 1:
+            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]))
+            return grant, grant.ticket
+        return None, int(reply[1])
+
+    async def release(self, client: Redis, keys: LockKeys, token: str, fence: int) -> int:
+        """Release (token, fence); returns RELEASED, ALREADY_RELEASED or NOT_HELD."""
+        return int(await self._call(client, keys, "release", keys.doorbell, token, fence))
+
+    async def renew(
+        self, client: Redis, keys: LockKeys, token: str, fence: int, lease_ms: int
+    ) -> tuple[int, int]:
+        """Renew (token, fence); returns (RENEWED|RENEW_REFUSED|MAX_HOLD_REACHED, pttl_ms)."""
+        reply = await self._call(client, keys, "renew", token, fence, lease_ms)
+        return int(reply[0]), int(reply[1]) if len(reply) > 1 else 0
+
+    async def withdraw(self, client: Redis, keys: LockKeys, token: str) -> int:
+        """Withdraw ``token``; returns WITHDRAWN, GAVE_BACK or NOTHING."""
+        return int(await self._call(client, keys, "withdraw", keys.doorbell, token))
+
+    async def poll(self, client: Redis, keys: LockKeys, session: str, alive_ms: int) -> PollReply:
+        """Refresh ``session``'s liveness, grant if free, report holder and queue head."""
+        reply = await self._call(client, keys, "poll", keys.doorbell, session, alive_ms)
+        holder = _text(reply[0])
+        grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
+        head = int(reply[4]) if reply[4] is not None else None
+        return PollReply(holder, grant, head)
+
+    async def status(self, client: Redis, keys: LockKeys) -> StatusReply:
+        """Read the holder, the last fence granted and the queue length."""
+        reply = await self._call(client, keys, "status")
+        holder = _text(reply[0])
+        grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
+        return StatusReply(holder, grant, int(reply[4]), int(reply[5]))
+
+
+PROTOCOL = Protocol()

@@ -1,0 +1,89 @@
+"""Validation of lock names and timing settings, done once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_NAME_BYTES = 1024
+"""Longest lock name accepted, in bytes of UTF-8."""
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it can name a lock, else raise ``ValueError`` saying why.
+
+    A name is a non-empty ``str`` of at most ``MAX_NAME_BYTES`` UTF-8 bytes with no
+    ``{`` or ``}`` (the name becomes the Redis Cluster hash tag of every lock key)
+    and no control characters.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"lock name must be a str, got {type(name).__name__}: {name!r}")
+    if not name:
+        raise ValueError("lock name must not be empty: pick a name that says what it guards")
+    if "{" in name or "}" in name:
+        raise ValueError(
+            f"lock name {name!r} contains '{{' or '}}', which would break the hash tag "
+            "that keeps all of the lock's keys in one Redis Cluster slot"
+        )
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise ValueError(f"lock name {name!r} contains control characters")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(
+            f"lock name {name[:40]!r}... is {size} bytes long; the limit is {MAX_NAME_BYTES}"
+        )
+    return name
+
+
+def _positive_ms(setting: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{setting} must be a whole number of milliseconds (int), "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    if value <= 0:
+        raise ValueError(f"{setting} must be positive, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class LockSettings:
+    """The timing settings of a lock, validated on construction.
+
+    Attributes:
+        lease_ms: how long (int, milliseconds) a grant survives without renewal;
+            bounds crash detection. Default 60_000.
+        poll_ms: how often (int, milliseconds) a waiting process asks Redis for
+            its grant when no doorbell rang. Must be at most ``lease_ms / 2``.
+            Default 30_000.
+        max_hold_ms: how long (int, milliseconds) one grant may be renewed in
+            total. Must be at least ``lease_ms``. Default 1_800_000.
+
+    Raises:
+        ValueError: naming the setting, when a value is not a positive int
+            (bools and floats are refused) or the settings are inconsistent.
+    """
+
+    lease_ms: int = 60_000
+    poll_ms: int = 30_000
+    max_hold_ms: int = 1_800_000
+
+    def __post_init__(self) -> None:
+        _positive_ms("lease_ms", self.lease_ms)
+        _positive_ms("poll_ms", self.poll_ms)
+        _positive_ms("max_hold_ms", self.max_hold_ms)
+        if self.lease_ms < 30:
+            raise ValueError(f"lease_ms must be at least 30 ms, got {self.lease_ms}")
+        if self.poll_ms * 2 > self.lease_ms:
+            raise ValueError(
+                f"poll_ms ({self.poll_ms}) must be at most half of lease_ms ({self.lease_ms}): "
+                "a waiter whose doorbell was lost must poll before a grant made to it expires"
+            )
+        if self.max_hold_ms < self.lease_ms:
+            raise ValueError(
+                f"max_hold_ms ({self.max_hold_ms}) must be at least lease_ms ({self.lease_ms})"
+            )
+
+    @property
+    def renew_every_s(self) -> float:
+        """Seconds between the holder's renewals: a third of ``lease_ms``."""
+        return self.lease_ms / 3000
