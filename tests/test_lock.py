@@ -1,0 +1,449 @@
+"""Behaviour of the asyncio ``FifoLock`` against a real Redis server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from redis_fifo_lock import (
+    FifoLock,
+    LeaseLost,
+    LockTimeout,
+    LockUsageError,
+    RedisUnavailable,
+    SyncFifoLock,
+)
+from tests.support.polling import until, until_sync
+from tests.support.record import Record, violations
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = {"lease_ms": 600, "poll_ms": 100}
+
+
+def fast_lock(client: Redis, name: str = "jobs", **overrides: int) -> FifoLock:
+    return FifoLock(client, name, **{**FAST, **overrides})
+
+
+def contender(url: str, record: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.contender",
+            "--url",
+            url,
+            "--record",
+            str(record),
+            *args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def queued(client: Redis, lock: FifoLock, token: str) -> None:
+    async def check() -> bool:
+        return await client.zscore(lock.keys.key("queue"), token) is not None
+
+    await until(check, f"{token} is queued")
+
+
+async def crowd_queued(lock: FifoLock) -> bool:
+    return (await lock.status()).waiting >= 200
+
+
+async def test_uncontended_acquire_and_release_grant_increasing_fences(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    first = await lock.acquire()
+    await lock.release(first)
+    second = await lock.acquire()
+    await lock.release(second)
+    assert (first.fence, second.fence) == (1, 2)
+    assert second.ticket > first.ticket
+    status = await lock.status()
+    assert (status.held, status.fence, status.waiting) == (False, 2, 0)
+
+
+async def test_waiters_in_one_process_are_granted_in_arrival_order(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    holder = await lock.acquire()
+    granted: list[int] = []
+
+    async def wait(token: str) -> None:
+        async with lock.hold(token=token) as lease:
+            granted.append(lease.ticket)
+
+    tasks = []
+    for i in range(10):
+        tasks.append(asyncio.create_task(wait(f"waiter-{i}")))
+        await queued(aredis, lock, f"waiter-{i}")
+    await lock.release(holder)
+    await asyncio.gather(*tasks)
+    assert granted == sorted(granted) and len(granted) == 10
+
+
+def test_twenty_waiting_processes_are_served_in_arrival_order(
+    redis_url: str, tmp_path: Path
+) -> None:
+    record = Record(tmp_path / "record")
+    gate = SyncFifoLock(redis_url, "fifo20", lease_ms=1000, poll_ms=200)
+    gate_lease = gate.acquire()
+    record.enter(gate_lease, "gate")
+    arrivals = []
+    for i in range(20):
+        proc = contender(
+            redis_url, record.path, "--name", "fifo20", "--hold-ms", "10", "--who", str(i)
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("queued")
+        arrivals.append(proc)
+    record.exit(gate_lease)
+    gate.release(gate_lease)
+    for proc in arrivals:
+        assert proc.wait(timeout=60) == 0
+    holds = record.holds()
+    assert [hold.who for hold in holds] == ["gate", *map(str, range(20))]
+    assert violations(holds) == []
+
+
+def test_processes_never_overlap_while_holds_span_many_polls(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # 3 processes x 3 tasks x 3 rounds; each hold lasts 3 poll intervals, so
+    # waiters wake (doorbell and polls) many times while someone is inside.
+    record = tmp_path / "record"
+    procs = [
+        contender(
+            redis_url,
+            record,
+            "--name",
+            "excl",
+            "--hold-ms",
+            "300",
+            "--tasks",
+            "3",
+            "--rounds",
+            "3",
+            "--who",
+            f"p{i}",
+        )
+        for i in range(3)
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=90) == 0
+    holds = Record(record).holds()
+    assert len(holds) == 27
+    assert violations(holds) == []
+
+
+def test_a_killed_holder_is_replaced_within_one_lease_with_a_higher_fence(
+    redis_url: str, tmp_path: Path
+) -> None:
+    record = tmp_path / "record"
+    victim = contender(
+        redis_url,
+        record,
+        "--name",
+        "crash",
+        "--hold-ms",
+        "60000",
+        "--lease-ms",
+        "1000",
+        "--poll-ms",
+        "200",
+    )
+    assert victim.stdout is not None and victim.stdout.readline().strip() == "granted"
+    heir = contender(
+        redis_url,
+        record,
+        "--name",
+        "crash",
+        "--hold-ms",
+        "1",
+        "--lease-ms",
+        "1000",
+        "--poll-ms",
+        "200",
+        "--who",
+        "heir",
+    )
+    assert heir.stdout is not None and heir.stdout.readline().startswith("queued")
+    until_sync(lambda: record.exists() and "enter" in record.read_text(), "the victim entered")
+    killed_at = time.monotonic_ns()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert heir.wait(timeout=10) == 0
+    holds = Record(record).holds()
+    dead, new = holds
+    assert new.who == "heir" and new.fence > dead.fence
+    waited_ms = (new.entered_ns - killed_at) / 1e6
+    assert waited_ms < 1000 + 200 + 300, waited_ms  # lease + one poll + slack
+
+
+async def test_renewal_keeps_a_hold_of_five_leases(aredis: Redis) -> None:
+    lock = fast_lock(aredis, lease_ms=300, poll_ms=100)
+    lease = await lock.acquire()
+    rival = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(1.5)  # the hold under test: five lease lengths
+    assert not rival.done() and not lease.lost
+    await lock.release(lease)
+    second = await rival
+    assert second.fence == lease.fence + 1
+    await lock.release(second)
+
+
+async def test_lease_deleted_behind_the_holder_is_reported_lost(aredis: Redis) -> None:
+    lock = fast_lock(aredis, lease_ms=300, poll_ms=100)
+    lease = await lock.acquire()
+    await aredis.delete(lock.keys.key("lease"))
+    await asyncio.wait_for(lease.wait_lost(), timeout=2)
+    assert lease.lost and "refused" in (lease.lost_reason or "")
+    with pytest.raises(LeaseLost) as caught:
+        await lock.release(lease)
+    assert caught.value.fence == lease.fence and "jobs" in str(caught.value)
+
+
+async def test_renewal_stops_at_max_hold(aredis: Redis) -> None:
+    lock = fast_lock(aredis, lease_ms=300, poll_ms=100, max_hold_ms=700)
+    lease = await lock.acquire()
+    rival = asyncio.create_task(lock.acquire())
+    started = time.monotonic()
+    await asyncio.wait_for(lease.wait_lost(), timeout=3)
+    successor = await asyncio.wait_for(rival, timeout=3)
+    assert 0.6 < time.monotonic() - started < 1.5
+    assert "max_hold_ms" in (lease.lost_reason or "") or "refused" in (lease.lost_reason or "")
+    with pytest.raises(LeaseLost):
+        await lock.release(lease)
+    await lock.release(successor)
+
+
+async def test_a_timed_out_acquire_withdraws_and_leaves_no_stall(aredis: Redis) -> None:
+    lock = fast_lock(aredis, lease_ms=5000, poll_ms=1000)
+    holder = await lock.acquire()
+    with pytest.raises(LockTimeout) as caught:
+        await lock.acquire(timeout=0.2)
+    assert isinstance(caught.value, TimeoutError)
+    assert caught.value.holder_fence == holder.fence and caught.value.waited >= 0.2
+    assert (await lock.status()).waiting == 0
+    await lock.release(holder)
+    started = time.monotonic()
+    lease = await lock.acquire(timeout=1)
+    assert time.monotonic() - started < 0.5
+    await lock.release(lease)
+
+
+async def test_acquire_with_zero_timeout_tries_once(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    holder = await lock.acquire(timeout=0)
+    with pytest.raises(LockTimeout):
+        await lock.acquire(timeout=0)
+    await lock.release(holder)
+
+
+@pytest.mark.parametrize("after_grant", [False, True])
+async def test_a_cancelled_acquire_never_leaves_a_grant_behind(
+    aredis: Redis, after_grant: bool
+) -> None:
+    lock = fast_lock(aredis, lease_ms=5000, poll_ms=1000)
+    holder = await lock.acquire()
+    waiter = asyncio.create_task(lock.acquire(token="doomed"))
+    await queued(aredis, lock, "doomed")
+    if after_grant:
+        # Release, and cancel before the waiter's task gets to run: the grant
+        # lands in Redis but the caller never sees it.
+        await lock.release(holder)
+        waiter.cancel()
+    else:
+        waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    if not after_grant:
+        await lock.release(holder)
+    started = time.monotonic()
+    lease = await lock.acquire(timeout=1)
+    assert time.monotonic() - started < 0.5, "the cancelled request stalled the lock"
+    await lock.release(lease)
+
+
+async def test_cancelling_while_the_acquire_script_is_in_flight_withdraws(aredis: Redis) -> None:
+    lock = fast_lock(aredis, lease_ms=5000, poll_ms=1000)
+    for _ in range(20):
+        task = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(0)  # let it send the script
+        task.cancel()
+        try:
+            lease = await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            await lock.release(lease)
+    status = await lock.status()
+    assert (status.held, status.waiting) == (False, 0)
+
+
+async def test_a_retry_with_the_same_token_keeps_its_place(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    holder = await lock.acquire()
+    first = asyncio.create_task(lock.acquire(token="early"))
+    await queued(aredis, lock, "early")
+    later = asyncio.create_task(lock.acquire(token="late"))
+    await queued(aredis, lock, "late")
+    ticket = await aredis.zscore(lock.keys.key("queue"), "early")
+    # The same request sent again (as after a lost reply) keeps its ticket.
+    again = FifoLock(aredis, "jobs", **FAST)
+    hub_group_session = "retry-session"
+    grant, same_ticket = await again._protocol.acquire(
+        aredis, again.keys, "early", hub_group_session, 600, 1_800_000, 600
+    )
+    assert grant is None and same_ticket == ticket
+    await lock.release(holder)
+    early = await first
+    assert early.ticket == ticket
+    await lock.release(early)
+    await lock.release(await later)
+
+
+async def test_a_retried_acquire_of_a_granted_request_returns_the_same_grant(
+    aredis: Redis,
+) -> None:
+    lock = fast_lock(aredis)
+    lease = await lock.acquire(token="mine")
+    grant, _ = await lock._protocol.acquire(aredis, lock.keys, "mine", "s", 600, 1_800_000, 600)
+    assert grant is not None and grant.fence == lease.fence
+    assert (await lock.status()).fence == lease.fence  # not granted twice
+    await lock.release(lease)
+
+
+async def test_releasing_twice_is_a_no_op(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    lease = await lock.acquire()
+    await lock.release(lease)
+    await lock.release(lease)
+    # A release that Redis sees twice (a lost reply, re-sent) is a no-op too.
+    assert await lock._protocol.release(aredis, lock.keys, lease.token, lease.fence) == 0
+
+
+async def test_tasks_sharing_a_lock_cannot_release_each_others_grant(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    mine = await lock.acquire()
+    other = FifoLock(aredis, "other", **FAST)
+    with pytest.raises(LockUsageError):
+        await other.release(mine)
+    forged = type(mine)("jobs", "forged-token", mine.fence, mine.ticket)
+    with pytest.raises(LeaseLost):
+        await lock.release(forged)
+    assert (await lock.status()).held
+    await lock.release(mine)
+
+
+async def test_an_evicting_server_policy_is_warned_about(
+    fresh_redis_server,
+    caplog: pytest.LogCaptureFixture,  # type: ignore[no-untyped-def]
+) -> None:
+    server = fresh_redis_server(["--maxmemory-policy", "volatile-lru"])
+    client = Redis.from_url(server.url)
+    with caplog.at_level(logging.WARNING, "redis_fifo_lock"):
+        lease = await fast_lock(client, "evictable").acquire()
+    await fast_lock(client, "evictable").release(lease)
+    await client.aclose()
+    assert any(
+        "evictable" in rec.getMessage() and "volatile-lru" in rec.getMessage()
+        for rec in caplog.records
+    )
+
+
+async def test_a_starved_renewal_is_warned_about(
+    aredis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = fast_lock(aredis, "starved", lease_ms=300, poll_ms=100)
+    with caplog.at_level(logging.WARNING, "redis_fifo_lock"):
+        lease = await lock.acquire()
+        time.sleep(0.35)  # noqa: ASYNC251 - the fault under test: a blocked event loop
+        await asyncio.sleep(0.05)
+        with pytest.raises(LeaseLost):
+            await lock.release(lease)
+    assert any("starved" in r.getMessage() and "late" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_unreachable_server_raises_our_typed_error() -> None:
+    client = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    with pytest.raises(RedisUnavailable) as caught:
+        await FifoLock(client, "nowhere").acquire()
+    assert caught.value.name == "nowhere" and caught.value.cause is not None
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "message"),
+    [
+        ("", {}, "empty"),
+        ("a{b}", {}, "hash tag"),
+        ("x" * 2000, {}, "limit"),
+        ("ok", {"lease_ms": 0, "poll_ms": 1}, "lease_ms"),
+        ("ok", {"lease_ms": -5}, "lease_ms"),
+        ("ok", {"lease_ms": 1.5}, "lease_ms"),
+        ("ok", {"lease_ms": True}, "lease_ms"),
+        ("ok", {"poll_ms": 0}, "poll_ms"),
+        ("ok", {"lease_ms": 1000, "poll_ms": 600}, "poll_ms"),
+        ("ok", {"lease_ms": 1000, "poll_ms": 100, "max_hold_ms": 999}, "max_hold_ms"),
+    ],
+)
+def test_bad_names_and_settings_raise_at_construction(
+    name: str, settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        FifoLock(Redis(), name, **settings)  # type: ignore[arg-type]
+
+
+async def test_bad_timeouts_and_tokens_raise_before_any_io(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    for timeout in (-1, float("nan"), True, "5"):
+        with pytest.raises(ValueError, match="timeout"):
+            await lock.acquire(timeout=timeout)  # type: ignore[arg-type]
+    for token in ("", "has space", "x" * 200):
+        with pytest.raises(ValueError, match="token"):
+            await lock.acquire(token=token)
+    assert await aredis.keys("*") == []
+
+
+def test_a_sync_client_is_refused_with_a_hint() -> None:
+    import redis
+
+    with pytest.raises(TypeError, match="SyncFifoLock"):
+        FifoLock(redis.Redis(), "jobs")  # type: ignore[arg-type]
+
+
+async def test_unicode_and_spaces_are_valid_names(aredis: Redis) -> None:
+    lock = fast_lock(aredis, "facture n\u00b0 42 \u2013 \u00e9t\u00e9")
+    async with lock.hold() as lease:
+        assert lease.name == "facture n\u00b0 42 \u2013 \u00e9t\u00e9"
+
+
+async def test_waiting_costs_no_connection_per_waiter(aredis: Redis, redis_url: str) -> None:
+    client = Redis.from_url(redis_url, client_name="crowd")
+    lock = fast_lock(client, "crowd")
+    holder = await lock.acquire()
+    waiters = [asyncio.create_task(lock.acquire()) for _ in range(200)]
+    await until(lambda: crowd_queued(lock), "200 waiters are queued")
+    ours = [entry for entry in await aredis.client_list() if entry["name"] == "crowd"]
+    assert 1 <= len(ours) <= 4, ours
+    await lock.release(holder)
+    for granted in asyncio.as_completed(waiters):
+        await lock.release(await granted)
+    await client.aclose()
+
+
+def test_the_contender_helper_exits_cleanly(redis_url: str, tmp_path: Path) -> None:
+    proc = contender(redis_url, tmp_path / "r", "--name", "solo")
+    assert proc.wait(timeout=30) == 0
+    assert os.path.exists(tmp_path / "r")

@@ -1,0 +1,92 @@
+"""The sync facade: the same async core, driven from threads and sync code."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock.sync import portal
+from tests.support.record import Record, violations
+
+
+def test_threads_never_overlap_while_holds_span_many_polls(redis_url: str, tmp_path: Path) -> None:
+    lock = SyncFifoLock(redis_url, "threads", lease_ms=600, poll_ms=100)
+    record = Record(tmp_path / "record")
+
+    def work() -> None:
+        for _ in range(3):
+            with lock.hold() as lease:
+                record.enter(lease)
+                time.sleep(0.12)  # the hold under test: longer than a poll interval
+                record.exit(lease)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    holds = record.holds()
+    assert len(holds) == 18
+    assert violations(holds) == []
+
+
+def test_the_lease_is_renewed_while_the_sync_body_runs(redis_url: str) -> None:
+    lock = SyncFifoLock(redis_url, "long-sync", lease_ms=300, poll_ms=100)
+    with lock.hold() as lease:
+        time.sleep(1.2)  # the hold under test: four lease lengths without yielding to us
+        assert not lease.lost
+        assert lock.status().holder_fence == lease.fence
+
+
+def test_a_sync_timeout_raises_lock_timeout(redis_url: str) -> None:
+    lock = SyncFifoLock(redis_url, "sync-timeout", lease_ms=600, poll_ms=100)
+    with lock.hold() as lease, pytest.raises(LockTimeout) as caught:
+        lock.acquire(timeout=0.1)
+    assert caught.value.holder_fence == lease.fence
+    assert lock.status().waiting == 0
+
+
+def test_a_lost_sync_lease_raises_lease_lost(redis_url: str) -> None:
+    import redis
+
+    lock = SyncFifoLock(redis_url, "sync-lost", lease_ms=300, poll_ms=100)
+    lease = lock.acquire()
+    redis.Redis.from_url(redis_url).delete("fifolock:{sync-lost}:lease")
+    with pytest.raises(LeaseLost):
+        lock.release(lease)
+
+
+def test_calling_from_the_portal_thread_is_refused_with_a_hint(redis_url: str) -> None:
+    lock = SyncFifoLock(redis_url, "reentrant", lease_ms=600, poll_ms=100)
+
+    async def inside_the_portal() -> None:
+        lock.acquire()
+
+    with pytest.raises(LockUsageError, match="FifoLock"):
+        portal().call("reentrant", inside_the_portal)
+
+
+def _child(url: str, queue: multiprocessing.Queue[int]) -> None:
+    lock = SyncFifoLock(url, "forked", lease_ms=600, poll_ms=100)
+    with lock.hold() as lease:
+        queue.put(lease.fence)
+
+
+def test_a_forked_child_builds_its_own_portal_and_client(redis_url: str) -> None:
+    lock = SyncFifoLock(redis_url, "forked", lease_ms=600, poll_ms=100)
+    with lock.hold():
+        pass  # the parent's portal and client now exist
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[int] = context.Queue()
+    child = context.Process(target=_child, args=(redis_url, queue))
+    child.start()
+    assert queue.get(timeout=20) == 2
+    child.join(timeout=20)
+    assert child.exitcode == 0
+    with lock.hold() as lease:
+        assert lease.fence == 3
