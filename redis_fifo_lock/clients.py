@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,9 +42,11 @@ def at_loop_close(loop: asyncio.AbstractEventLoop, cleanup: Cleanup) -> None:
 
     def close() -> None:
         for_loop = _cleanups.pop(loop, [])
-        if for_loop and not loop.is_running() and not loop.is_closed():
-            loop.run_until_complete(_run_all(for_loop))
-        original_close()
+        try:
+            if for_loop and not loop.is_running() and not loop.is_closed():
+                loop.run_until_complete(_run_all(for_loop))
+        finally:
+            original_close()
 
     try:
         loop.close = close  # type: ignore[method-assign]
@@ -73,6 +76,7 @@ class LoopClients:
         self.url = url
         self.connection_kwargs = connection_kwargs
         self._pid = os.getpid()
+        self._guard = threading.Lock()
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = (
             weakref.WeakKeyDictionary()
         )
@@ -91,6 +95,10 @@ class LoopClients:
             RuntimeError: when called with no running event loop.
         """
         loop = asyncio.get_running_loop()
+        with self._guard:
+            return self._client_for(loop)
+
+    def _client_for(self, loop: asyncio.AbstractEventLoop) -> Redis:
         if self._pid != os.getpid():
             # Forked: the inherited clients share sockets with the parent. Drop
             # them without closing (closing would disturb the parent's streams).

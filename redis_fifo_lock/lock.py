@@ -167,26 +167,30 @@ class FifoLock:
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
         try:
-            grant = await self._enqueue(hub, group, token)
+            grant, ticket, holder_fence = await self._enqueue(hub, group, token)
             if grant is None:
+                group.holder_fence = holder_fence or None
+                if wait_s == 0:
+                    await self._withdraw(hub, token)
+                    raise self._timed_out(group, started, wait_s)
+                group.wait(waiter, ticket)
                 grant = await self._wait(group, waiter, started, wait_s)
         finally:
             group.leave(token)
         return self._start_lease(hub, token, grant)
 
-    async def _enqueue(self, hub: Hub, group: WaitGroup, token: str) -> Grant | None:
+    async def _enqueue(
+        self, hub: Hub, group: WaitGroup, token: str
+    ) -> tuple[Grant | None, int, int]:
         call = asyncio.ensure_future(group.enqueue(token))
         try:
-            grant, ticket = await asyncio.shield(call)
+            return await asyncio.shield(call)
         except asyncio.CancelledError:
             # Cancelled after the script was sent: its outcome is unknown until
             # the reply arrives. Wait for it, then withdraw, so the withdrawal
             # reaches Redis after the enqueue it undoes.
             await asyncio.shield(self._withdraw_after(hub, call, token))
             raise
-        if grant is None:
-            group.wait(group.waiters[token], ticket)
-        return grant
 
     async def _wait(
         self, group: WaitGroup, waiter: Waiter, started: float, wait_s: float | None
@@ -201,8 +205,11 @@ class FifoLock:
         if done:
             return waiter.future.result()
         await self._withdraw(group.hub, waiter.token)
-        waited = loop.time() - started
-        raise LockTimeout(
+        raise self._timed_out(group, started, wait_s)
+
+    def _timed_out(self, group: WaitGroup, started: float, wait_s: float | None) -> LockTimeout:
+        waited = asyncio.get_running_loop().time() - started
+        return LockTimeout(
             self.name,
             f"not acquired within {wait_s:g} s (waited {waited:.3f} s; holder fence "
             f"{group.holder_fence}); the request was withdrawn",
@@ -211,7 +218,7 @@ class FifoLock:
         )
 
     async def _withdraw_after(
-        self, hub: Hub, call: asyncio.Future[tuple[Grant | None, int]], token: str
+        self, hub: Hub, call: asyncio.Future[tuple[Grant | None, int, int]], token: str
     ) -> None:
         await asyncio.gather(call, return_exceptions=True)
         await self._withdraw(hub, token)

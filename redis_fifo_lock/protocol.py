@@ -135,8 +135,8 @@ class Protocol:
         lease_ms: int,
         max_hold_ms: int,
         alive_ms: int,
-    ) -> tuple[Grant | None, int]:
-        """Enqueue (or find) ``token``; return (grant or None, ticket)."""
+    ) -> tuple[Grant | None, int, int]:
+        """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0)."""
         reply = await self._call(
             client,
             keys,
@@ -150,8 +150,8 @@ class Protocol:
         )
         if reply[0] == 1:
             grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]))
-            return grant, grant.ticket
-        return None, int(reply[1])
+            return grant, grant.ticket, grant.fence
+        return None, int(reply[1]), int(reply[2])
 
     async def release(self, client: Redis, keys: LockKeys, token: str, fence: int) -> int:
         """Release (token, fence); returns RELEASED, ALREADY_RELEASED or NOT_HELD."""

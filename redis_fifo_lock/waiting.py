@@ -90,8 +90,8 @@ class WaitGroup:
         if waiter is not None and not waiter.future.done():
             waiter.future.set_result(grant)
 
-    async def enqueue(self, token: str) -> tuple[Grant | None, int]:
-        """Run the acquire script for ``token``: (grant or None, ticket)."""
+    async def enqueue(self, token: str) -> tuple[Grant | None, int, int]:
+        """Run the acquire script for ``token``: (grant or None, ticket, holder fence)."""
         settings = self.settings
         async with self.hub.calls:
             return await self.protocol.acquire(
@@ -179,7 +179,7 @@ class WaitGroup:
             waiter.ticket,
         )
         try:
-            grant, ticket = await self.enqueue(waiter.token)
+            grant, ticket, _ = await self.enqueue(waiter.token)
         except RedisUnavailable:
             return
         waiter.ticket = ticket

@@ -245,8 +245,10 @@ async def test_a_timed_out_acquire_withdraws_and_leaves_no_stall(aredis: Redis) 
 async def test_acquire_with_zero_timeout_tries_once(aredis: Redis) -> None:
     lock = fast_lock(aredis)
     holder = await lock.acquire(timeout=0)
-    with pytest.raises(LockTimeout):
+    with pytest.raises(LockTimeout) as caught:
         await lock.acquire(timeout=0)
+    assert caught.value.holder_fence == holder.fence
+    assert (await lock.status()).waiting == 0
     await lock.release(holder)
 
 
@@ -302,7 +304,7 @@ async def test_a_retry_with_the_same_token_keeps_its_place(aredis: Redis) -> Non
     # The same request sent again (as after a lost reply) keeps its ticket.
     again = FifoLock(aredis, "jobs", **FAST)
     hub_group_session = "retry-session"
-    grant, same_ticket = await again._protocol.acquire(
+    grant, same_ticket, _ = await again._protocol.acquire(
         aredis, again.keys, "early", hub_group_session, 600, 1_800_000, 600
     )
     assert grant is None and same_ticket == ticket
@@ -318,7 +320,7 @@ async def test_a_retried_acquire_of_a_granted_request_returns_the_same_grant(
 ) -> None:
     lock = fast_lock(aredis)
     lease = await lock.acquire(token="mine")
-    grant, _ = await lock._protocol.acquire(aredis, lock.keys, "mine", "s", 600, 1_800_000, 600)
+    grant, _, _ = await lock._protocol.acquire(aredis, lock.keys, "mine", "s", 600, 1_800_000, 600)
     assert grant is not None and grant.fence == lease.fence
     assert (await lock.status()).fence == lease.fence  # not granted twice
     await lock.release(lease)

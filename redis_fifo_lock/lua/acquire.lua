@@ -12,7 +12,8 @@
 -- Returns:
 --   {1, fence, ticket, pttl_ms}  granted (now, or already: a re-sent acquire
 --                                returns the same grant and never grants twice)
---   {0, ticket}                  queued; the ticket is kept across re-sends
+--   {0, ticket, holder_fence}    queued; the ticket is kept across re-sends;
+--                                holder_fence is the current holder's fence
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
@@ -34,4 +35,5 @@ local granted = grant_next(now, doorbell)
 if granted and granted[1] == token then
     return {1, granted[2], granted[3], granted[4]}
 end
-return {0, ticket}
+local holder = current_grant()
+return {0, ticket, holder and holder[2] or 0}

@@ -1,0 +1,178 @@
+"""``fifo_locked_command``: run a management command's ``handle`` under a FIFO lock.
+
+::
+
+    class Command(BaseCommand):
+        @fifo_locked_command("nightly-invoices", timeout=600)
+        def handle(self, *args, **options):
+            print("fence", self.fifo_lease.fence)
+
+Two runs of the command (any hosts sharing the Redis cache) are served one
+after the other in the order they reached Redis. The decorator also gives the
+command two options: ``--lock-timeout SECONDS`` (overrides ``timeout``) and
+``--no-wait`` (give up at once if the lock is held).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any, TypeVar, cast
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from redis_fifo_lock import LockError, LockTimeout
+from redis_fifo_lock.lock import check_timeout
+from redis_fifo_lock.settings import check_name
+
+from .lock import CacheFifoLock, lock_cache
+
+Handle = TypeVar("Handle", bound=Callable[..., Any])
+
+
+def fifo_locked_command(
+    name: str, timeout: float | None = None, *, cache: str | None = None
+) -> Callable[[Handle], Handle]:
+    """Decorate a command's ``handle`` so that it runs holding FIFO lock ``name``.
+
+    Args:
+        name: the lock name (str, no ``{``/``}``); it becomes a key of the cache,
+            so the cache's ``KEY_PREFIX`` and ``VERSION`` apply.
+        timeout: seconds (float) a run waits for the lock; None (default) waits
+            as long as it takes. ``--lock-timeout``/``--no-wait`` override it.
+        cache: alias (str) of the cache whose ``fifo_lock()`` is used; default
+            ``FIFOLOCK['CACHE']`` (read when the command runs).
+
+    While ``handle`` runs, the command's ``fifo_lease`` attribute is the
+    ``Lease`` (``.fence`` is the fencing token to hand to what you protect).
+
+    Raises:
+        ValueError: at decoration, for a bad ``name`` or ``timeout``.
+        TypeError: when the decorated function is not in a ``BaseCommand`` class
+            (Python < 3.12 raises it as the cause of a ``RuntimeError``).
+
+    When the command runs, a ``LockTimeout`` becomes ``CommandError`` (exit
+    status 1) naming the lock, the wait in seconds and the holder's fence;
+    ``RedisUnavailable`` and ``LeaseLost`` propagate unchanged.
+    """
+    check_name(name)
+    check_timeout(timeout)
+
+    def decorate(handle: Handle) -> Handle:
+        return cast(Handle, LockedHandle(handle, name, timeout, cache))
+
+    return decorate
+
+
+def add_lock_arguments(parser: CommandParser, default_timeout: float | None) -> None:
+    """Add ``--lock-timeout SECONDS`` (float >= 0) and ``--no-wait`` to ``parser``.
+
+    They are mutually exclusive, and land in the options as ``lock_timeout``
+    (None when not given) and ``no_wait`` (bool); ``lock_timeout_option`` turns
+    them into a timeout. ``default_timeout`` (seconds, None for no limit) is
+    only shown in the help.
+    """
+    group = parser.add_mutually_exclusive_group()
+    shown = "wait as long as it takes" if default_timeout is None else f"{default_timeout:g} s"
+    group.add_argument(
+        "--lock-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"seconds to wait for the command's FIFO lock (default: {shown})",
+    )
+    group.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="fail at once if another run holds the command's FIFO lock",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+        check_timeout(seconds)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from exc
+    return seconds
+
+
+class LockedHandle:
+    """A ``handle`` method wrapped by ``fifo_locked_command`` (a method descriptor).
+
+    ``__set_name__`` - Python's hook called when the class body that defines
+    ``handle`` is turned into a class - extends that class's ``add_arguments``
+    with ``add_lock_arguments``, so the one decorator is all a command needs.
+    """
+
+    def __init__(
+        self, handle: Callable[..., Any], name: str, timeout: float | None, cache: str | None
+    ) -> None:
+        functools.update_wrapper(self, handle)
+        self.handle = handle
+        self.name = name
+        self.timeout = timeout
+        self.cache = cache
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        if not issubclass(owner, BaseCommand):
+            raise TypeError(
+                f"@fifo_locked_command decorates the handle() of a management command, "
+                f"but {owner.__qualname__} is not a django BaseCommand"
+            )
+        declared = owner.add_arguments
+        default_timeout = self.timeout
+
+        def add_arguments(command: BaseCommand, parser: CommandParser) -> None:
+            declared(command, parser)
+            add_lock_arguments(parser, default_timeout)
+
+        functools.update_wrapper(add_arguments, declared)
+        setattr(owner, "add_arguments", add_arguments)  # noqa: B010 - mypy: method-assign
+
+    def __get__(self, command: BaseCommand | None, owner: type | None = None) -> Any:
+        if command is None:
+            return self
+        return functools.partial(self, command)
+
+    def __call__(self, command: BaseCommand, *args: Any, **options: Any) -> Any:
+        timeout = lock_timeout_option(options, self.timeout)
+        lock = lock_cache(self.cache).fifo_lock(self.name, timeout)
+        with ExitStack() as stack:
+            try:
+                lease = stack.enter_context(lock)
+            except LockTimeout as exc:
+                raise CommandError(busy_message(self.name, lock, exc)) from exc
+            command.fifo_lease = lease  # type: ignore[attr-defined]
+            return self.handle(command, *args, **options)
+
+
+def lock_timeout_option(options: dict[str, Any], default: float | None) -> float | None:
+    """The lock timeout in seconds (float, or None to wait forever) that the
+    options of ``add_lock_arguments`` ask for: 0 for ``--no-wait``, else
+    ``--lock-timeout`` if given, else ``default``."""
+    if options.get("no_wait"):
+        return 0.0
+    given: float | None = options.get("lock_timeout")
+    return default if given is None else given
+
+
+def busy_message(name: str, lock: CacheFifoLock, exc: LockTimeout) -> str:
+    """The ``CommandError`` text for a timed-out wait on ``lock`` (called ``name``
+    by the command): the lock, the wait in seconds and the holder's fence."""
+    fence = exc.holder_fence
+    if fence is None:
+        # With a zero timeout the wait can end before this process has polled,
+        # so the error may not know the holder: ask Redis.
+        try:
+            fence = lock.sync_lock().status().holder_fence
+        except LockError:
+            fence = None
+    holder = "nobody held it when the wait ended" if fence is None else f"held by fence {fence}"
+    return (
+        f"FIFO lock {name!r} (Redis lock {lock.name!r}) is busy: not acquired "
+        f"within {lock.timeout or 0:g} s (waited {exc.waited:.2f} s); {holder}. "
+        "Run again later or pass --lock-timeout SECONDS to wait longer."
+    )

@@ -1,0 +1,100 @@
+"""The ``FIFOLOCK`` setting: project-wide defaults for Django's FIFO locks.
+
+Every key is optional; the defaults are the core's::
+
+    FIFOLOCK = {
+        "LEASE_MS": 60_000,       # int, milliseconds a grant survives unrenewed
+        "POLL_MS": 30_000,        # int, milliseconds between a waiter's polls
+        "MAX_HOLD_MS": 1_800_000, # int, milliseconds one grant may be renewed for
+        "CACHE": "default",       # str, alias in CACHES used by fifo_locked_command
+    }
+
+The setting is read each time a lock is made, never cached at import, so
+``override_settings(FIFOLOCK=...)`` takes effect at once. ``POLL_MS`` must be at
+most half of ``LEASE_MS`` and ``MAX_HOLD_MS`` at least ``LEASE_MS`` (see
+``redis_fifo_lock.LockSettings``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from redis_fifo_lock import LockSettings
+
+SETTING = "FIFOLOCK"
+"""Name of the Django setting (a dict) read by this module."""
+
+DEFAULTS: dict[str, Any] = {
+    "LEASE_MS": 60_000,
+    "POLL_MS": 30_000,
+    "MAX_HOLD_MS": 1_800_000,
+    "CACHE": "default",
+}
+"""Value of each ``FIFOLOCK`` key when the project does not set it."""
+
+_TIMING_KEYS = {"lease_ms": "LEASE_MS", "poll_ms": "POLL_MS", "max_hold_ms": "MAX_HOLD_MS"}
+
+
+@dataclass(frozen=True)
+class FifoLockConfig:
+    """The ``FIFOLOCK`` setting, validated.
+
+    Attributes:
+        cache: alias (str) of the cache in ``CACHES`` whose ``fifo_lock()`` the
+            management-command decorator and the system checks use.
+        lock: the timing defaults (``LockSettings``: ``lease_ms``, ``poll_ms``,
+            ``max_hold_ms``, all int milliseconds) of every ``fifo_lock()``.
+    """
+
+    cache: str
+    lock: LockSettings
+
+
+def fifolock_settings() -> FifoLockConfig:
+    """Read and validate ``settings.FIFOLOCK`` now (nothing is cached).
+
+    Raises:
+        ImproperlyConfigured: naming the key, e.g. ``FIFOLOCK['POLL_MS']``, when
+            the setting is not a dict, has an unknown key, or holds a value the
+            core refuses (not a positive int of milliseconds, ``POLL_MS`` more
+            than half of ``LEASE_MS``, ``MAX_HOLD_MS`` under ``LEASE_MS``).
+    """
+    given = getattr(settings, SETTING, None)
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise ImproperlyConfigured(
+            f"{SETTING} must be a dict with keys among {sorted(DEFAULTS)}, "
+            f"got {type(given).__name__}: {given!r}"
+        )
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{SETTING} has unknown key(s) {unknown}; the keys are {sorted(DEFAULTS)}"
+        )
+    values = {**DEFAULTS, **given}
+    cache = values["CACHE"]
+    if not isinstance(cache, str) or not cache:
+        raise ImproperlyConfigured(
+            f"{SETTING}['CACHE'] must be the alias (str) of a cache in CACHES, got {cache!r}"
+        )
+    try:
+        lock = LockSettings(
+            lease_ms=values["LEASE_MS"],
+            poll_ms=values["POLL_MS"],
+            max_hold_ms=values["MAX_HOLD_MS"],
+        )
+    except ValueError as exc:
+        raise ImproperlyConfigured(_setting_names(str(exc))) from exc
+    return FifoLockConfig(cache=cache, lock=lock)
+
+
+def _setting_names(message: str) -> str:
+    """Rewrite the core's argument names (``poll_ms``) as settings (``FIFOLOCK['POLL_MS']``)."""
+    pattern = r"\b(" + "|".join(_TIMING_KEYS) + r")\b"
+    return re.sub(pattern, lambda m: f"{SETTING}[{_TIMING_KEYS[m.group(1)]!r}]", message)

@@ -1,0 +1,41 @@
+"""Settings of the Django test project used by ``tests/test_django.py``.
+
+In-process, the tests apply these through ``override_settings`` with
+``CACHES`` pointed at the session's Redis. Subprocesses (``python -m django``)
+import this module as ``DJANGO_SETTINGS_MODULE=django_app.settings`` and find
+the server in ``$FIFOLOCK_TEST_REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = "fifolock-django-tests"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver"]
+USE_TZ = True
+INSTALLED_APPS = ["fifolock_django", "django_app"]
+MIDDLEWARE: list[str] = []
+ROOT_URLCONF = "django_app.urls"
+DATABASES: dict[str, dict[str, str]] = {}
+
+REDIS_URL = os.environ.get("FIFOLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def caches_for(url: str) -> dict[str, dict[str, object]]:
+    """The ``CACHES`` setting of the test project for the Redis server at ``url``."""
+    return {
+        "default": {
+            "BACKEND": "fifolock_django.cache.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "tests",
+            "VERSION": 3,
+        }
+    }
+
+
+CACHES = caches_for(REDIS_URL)
+
+# Small timings so that a hold of a few tenths of a second spans several polls
+# and renewals (renewal every lease_ms / 3 = 200 ms).
+FIFOLOCK = {"LEASE_MS": 600, "POLL_MS": 100}

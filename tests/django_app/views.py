@@ -1,0 +1,43 @@
+"""A read-modify-write of a cached counter under ``cache.fifo_lock``, sync and async.
+
+Without the lock, concurrent requests read the same value and all but one
+increment are lost. ``?hold=SECONDS`` is how long the work takes (default 0.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from asgiref.sync import sync_to_async
+from django.core.cache import cache
+from django.http import HttpRequest, JsonResponse
+
+from . import record
+
+COUNTER = "counter"
+LOCK = "counter"
+
+
+def sync_increment(request: HttpRequest) -> JsonResponse:
+    """Increment the counter from a sync view, holding the lock."""
+    hold_s = float(request.GET.get("hold", "0.3"))
+    with cache.fifo_lock(LOCK) as lease:
+        record.enter("sync", lease)
+        value = cache.get(COUNTER, 0)
+        time.sleep(hold_s)  # the slow work the lock protects
+        cache.set(COUNTER, value + 1)
+        record.leave("sync", lease)
+    return JsonResponse({"fence": lease.fence, "ticket": lease.ticket, "value": value + 1})
+
+
+async def async_increment(request: HttpRequest) -> JsonResponse:
+    """Increment the counter from an async view, holding the lock."""
+    hold_s = float(request.GET.get("hold", "0.3"))
+    async with cache.fifo_lock(LOCK) as lease:
+        await sync_to_async(record.enter)("async", lease)
+        value = await cache.aget(COUNTER, 0)
+        await asyncio.sleep(hold_s)  # the slow work the lock protects
+        await cache.aset(COUNTER, value + 1)
+        await sync_to_async(record.leave)("async", lease)
+    return JsonResponse({"fence": lease.fence, "ticket": lease.ticket, "value": value + 1})
