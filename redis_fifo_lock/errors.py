@@ -18,19 +18,15 @@ class LockError(Exception):
     """
 
     def __init__(self, name: str, message: str) -> None:
-        super().__init__(f"FIFO lock {name!r}: {message}")
+        # args stay (name, message) so that ``cls(*args)`` rebuilds the error, as
+        # pickle and Celery's result backends do; extra attributes are keyword
+        # arguments with defaults and travel in __dict__ under pickle.
+        super().__init__(name, message)
         self.name = name
         self.message = message
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__))
-
-
-def _rebuild(cls: type[LockError], state: dict[str, Any]) -> LockError:
-    error = cls.__new__(cls)
-    error.__dict__.update(state)
-    Exception.__init__(error, f"FIFO lock {state['name']!r}: {state['message']}")
-    return error
+    def __str__(self) -> str:
+        return f"FIFO lock {self.name!r}: {self.message}"
 
 
 class LeaseLost(LockError):
@@ -45,7 +41,7 @@ class LeaseLost(LockError):
         token: the request token (str) of the lost lease.
     """
 
-    def __init__(self, name: str, message: str, *, fence: int, token: str) -> None:
+    def __init__(self, name: str, message: str, *, fence: int = 0, token: str = "") -> None:
         super().__init__(name, message)
         self.fence = fence
         self.token = token
@@ -63,7 +59,9 @@ class LockTimeout(LockError, TimeoutError):
             nobody held the lock at that moment.
     """
 
-    def __init__(self, name: str, message: str, *, waited: float, holder_fence: int | None) -> None:
+    def __init__(
+        self, name: str, message: str, *, waited: float = 0.0, holder_fence: int | None = None
+    ) -> None:
         super().__init__(name, message)
         self.waited = waited
         self.holder_fence = holder_fence
@@ -81,13 +79,13 @@ class RedisUnavailable(LockError):
             once unpickled in another process.
     """
 
-    def __init__(self, name: str, message: str, *, cause: BaseException | None) -> None:
+    def __init__(self, name: str, message: str, *, cause: BaseException | None = None) -> None:
         super().__init__(name, message)
         self.cause = cause
 
     def __reduce__(self) -> tuple[Any, ...]:
-        state = dict(self.__dict__, cause=None)
-        return (_rebuild, (type(self), state))
+        # The redis-py cause may hold a connection; it does not cross processes.
+        return (type(self), self.args, dict(self.__dict__, cause=None))
 
 
 class LockUsageError(LockError, RuntimeError):

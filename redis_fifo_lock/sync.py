@@ -69,6 +69,17 @@ _portal_pid = 0
 _portal_guard = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the guard would leave it locked forever
+    # in the child; the parent's portal thread does not exist there either.
+    global _portal_guard, _portal
+    _portal_guard = threading.Lock()
+    _portal = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def portal() -> Portal:
     """The portal of this process, started on first use (and again after fork)."""
     global _portal, _portal_pid

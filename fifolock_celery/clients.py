@@ -1,0 +1,99 @@
+"""The locks of a worker process: one ``LoopClients`` per (app, Redis URL).
+
+A task's lock runs on the process's ``SyncFifoLock`` portal loop, which builds
+its async client from the ``LoopClients`` kept here; no client is ever used on
+a loop other than the one it was built on. Prefork children start empty: the
+registry is dropped in the child after ``fork()`` (and ``LoopClients`` and the
+portal would rebuild themselves anyway, as they key by process id), so a child
+never shares its parent's sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from celery import Celery
+
+from redis_fifo_lock import LoopClients, SyncFifoLock
+
+from .settings import LockConfig
+
+_registry: weakref.WeakKeyDictionary[Celery, dict[str, LoopClients]] = weakref.WeakKeyDictionary()
+_guard = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # The parent's guard may have been held by another thread at fork time;
+    # a fresh one cannot be.
+    global _registry, _guard
+    _registry = weakref.WeakKeyDictionary()
+    _guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _real_app(app: Celery) -> Celery:
+    # ``current_app`` and ``task.app`` can be ``celery.local.Proxy`` objects;
+    # key the registry by the app itself, not by whichever proxy reached us.
+    get = getattr(app, "_get_current_object", None)
+    real: Celery = app if get is None else get()
+    return real
+
+
+def clients_for(app: Celery, url: str) -> LoopClients:
+    """This process's ``LoopClients`` for ``app``'s locks on ``url``.
+
+    Args:
+        app: the Celery app (a proxy to it is fine).
+        url: the Redis URL (str) of the lock server.
+
+    Returns:
+        The same ``LoopClients`` for every call with that app and URL in this
+        process; a forked child gets new ones. Thread-safe.
+    """
+    app = _real_app(app)
+    with _guard:
+        per_url = _registry.setdefault(app, {})
+        clients = per_url.get(url)
+        if clients is None:
+            clients = per_url[url] = LoopClients(url)
+        return clients
+
+
+def lock_for(
+    app: Celery,
+    name: str,
+    *,
+    lease_ms: int | None = None,
+    poll_ms: int | None = None,
+    max_hold_ms: int | None = None,
+) -> SyncFifoLock:
+    """A ``SyncFifoLock`` named ``name`` configured by ``app``'s ``fifo_lock_*`` settings.
+
+    For locking by hand inside a task; ``@fifo_locked`` uses the same function.
+
+    Args:
+        app: the Celery app whose settings apply.
+        name: the lock name (str), see ``redis_fifo_lock.FifoLock``.
+        lease_ms, poll_ms, max_hold_ms: overrides (int milliseconds) of the app's
+            ``fifo_lock_lease_ms`` / ``fifo_lock_poll_ms`` / ``fifo_lock_max_hold_ms``;
+            None (default) keeps the app's value.
+
+    Raises:
+        LockUsageError: no Redis URL configured (see ``LockConfig.from_app``).
+        ValueError: a bad lock name or timing setting, naming it.
+    """
+    config = LockConfig.from_app(
+        app, name, lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms
+    )
+    settings = config.settings
+    return SyncFifoLock(
+        clients_for(app, config.redis_url),
+        name,
+        lease_ms=settings.lease_ms,
+        poll_ms=settings.poll_ms,
+        max_hold_ms=settings.max_hold_ms,
+    )

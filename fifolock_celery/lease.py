@@ -1,0 +1,73 @@
+"""The lease of the running task body: ``current_lease()``.
+
+A ``ContextVar`` holds the leases held by the current context (innermost
+last). It is set only while a ``@fifo_locked`` body runs, so a worker thread
+that runs many tasks never sees a previous task's lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from redis_fifo_lock import Lease, LockUsageError, SyncFifoLock
+
+_held: ContextVar[tuple[Lease, ...]] = ContextVar("fifolock_celery_held", default=())
+
+NO_LOCK = "(none)"
+"""The lock name in errors that are about no particular lock."""
+
+
+def current_lease() -> Lease:
+    """The ``Lease`` of the innermost ``@fifo_locked`` body running in this context.
+
+    Use ``current_lease().fence`` to fence writes to the resource the lock
+    guards, and ``current_lease().lost`` (bool) to notice that the lease was
+    lost while the body runs.
+
+    Raises:
+        LockUsageError: when no ``@fifo_locked`` body is running (outside a task,
+            or in a task that is not decorated).
+    """
+    held = _held.get()
+    if not held:
+        raise LockUsageError(
+            NO_LOCK,
+            "current_lease() was called outside the body of a @fifo_locked task; call it "
+            "from the task function (or code it calls) while the task runs",
+        )
+    return held[-1]
+
+
+@contextmanager
+def holding(lock: SyncFifoLock, timeout: float | None) -> Iterator[Lease]:
+    """Acquire ``lock``, publish the lease to ``current_lease()``, always release.
+
+    Args:
+        lock: the lock to hold.
+        timeout: seconds (float) to wait for it; None waits forever.
+
+    Raises:
+        LockUsageError: the same lock name is already held in this context
+            (acquiring it again would wait for itself forever).
+        LockTimeout, RedisUnavailable: from ``SyncFifoLock.acquire``.
+        LeaseLost: from ``SyncFifoLock.release``, on the way out, when the lease
+            was lost while the block ran; it replaces an exception the block
+            raised (which stays attached as ``__context__``).
+    """
+    held = _held.get()
+    for lease in held:
+        if lease.name == lock.name:
+            raise LockUsageError(
+                lock.name,
+                f"already held in this task (fence {lease.fence}); acquiring it again "
+                "would wait for itself forever - call the undecorated function instead",
+            )
+    lease = lock.acquire(timeout)
+    published = _held.set((*held, lease))
+    try:
+        yield lease
+    finally:
+        _held.reset(published)
+        lock.release(lease)

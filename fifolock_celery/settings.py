@@ -1,0 +1,153 @@
+"""The ``fifo_lock_*`` settings of a Celery app, read at run time.
+
+Celery settings are read from ``app.conf``, so they can live wherever the app's
+configuration lives. Under Django with ``namespace="CELERY"`` each is spelled in
+capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
+
+================================  ==================================================
+``fifo_lock_redis_url``           Redis URL of the locks (str). Default: the broker
+                                  URL when that is ``redis://`` or ``rediss://``.
+``fifo_lock_lease_ms``            Default ``lease_ms`` (int, ms). Default 60_000.
+``fifo_lock_poll_ms``             Default ``poll_ms`` (int, ms). Default 30_000.
+``fifo_lock_max_hold_ms``         Default ``max_hold_ms`` (int, ms). Default 1_800_000.
+================================  ==================================================
+
+The timing settings mean what they mean for ``redis_fifo_lock.FifoLock``; a
+``@fifo_locked(...)`` option overrides the app's value for that task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+from kombu.utils.url import maybe_sanitize_url
+
+from redis_fifo_lock import LockSettings, LockUsageError
+
+REDIS_URL_SETTING = "fifo_lock_redis_url"
+"""App setting (str): Redis URL of the locks; default: a Redis ``broker_url``."""
+LEASE_MS_SETTING = "fifo_lock_lease_ms"
+"""App setting (int, ms): default ``lease_ms`` of every task lock; default 60_000."""
+POLL_MS_SETTING = "fifo_lock_poll_ms"
+"""App setting (int, ms): default ``poll_ms`` of every task lock; default 30_000."""
+MAX_HOLD_MS_SETTING = "fifo_lock_max_hold_ms"
+"""App setting (int, ms): default ``max_hold_ms`` of every task lock; default 1_800_000."""
+
+REDIS_SCHEMES = ("redis://", "rediss://")
+"""URL schemes accepted from ``broker_url`` as the default lock server."""
+
+_DEFAULTS = LockSettings()
+_TIMING_SETTINGS = {
+    "lease_ms": LEASE_MS_SETTING,
+    "poll_ms": POLL_MS_SETTING,
+    "max_hold_ms": MAX_HOLD_MS_SETTING,
+}
+
+
+def check_ms(setting: str, value: object) -> int:
+    """Return ``value`` if it is a positive whole number of milliseconds.
+
+    Args:
+        setting: the name to put in the error message (str).
+        value: the value to check.
+
+    Raises:
+        ValueError: naming ``setting``, for anything but a positive ``int``
+            (``bool``, ``float`` and numeric strings are refused).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"{setting} must be a positive whole number of milliseconds (int), "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class LockConfig:
+    """Where and how a Celery task locks: the app's settings plus overrides.
+
+    Attributes:
+        redis_url: URL (str) of the Redis server holding the locks.
+        settings: the timing settings (``redis_fifo_lock.LockSettings``: lease_ms,
+            poll_ms, max_hold_ms, all int milliseconds).
+
+    Build it with ``LockConfig.from_app``.
+    """
+
+    redis_url: str
+    settings: LockSettings
+
+    @classmethod
+    def from_app(
+        cls,
+        app: Celery,
+        lock_name: str,
+        *,
+        lease_ms: int | None = None,
+        poll_ms: int | None = None,
+        max_hold_ms: int | None = None,
+    ) -> LockConfig:
+        """Read ``app.conf`` and apply the per-task overrides (None: use the app's).
+
+        Args:
+            app: the Celery app whose ``fifo_lock_*`` settings apply.
+            lock_name: the lock about to be used (str), named in errors.
+            lease_ms, poll_ms, max_hold_ms: per-task overrides (int ms) or None.
+
+        Raises:
+            LockUsageError: no Redis URL: ``fifo_lock_redis_url`` is unset and the
+                broker is not Redis. The message names the setting.
+            ValueError: naming the setting, for a timing value that is not a
+                positive int or a combination ``LockSettings`` refuses.
+        """
+        overrides = {"lease_ms": lease_ms, "poll_ms": poll_ms, "max_hold_ms": max_hold_ms}
+        timing: dict[str, int] = {}
+        for option, setting in _TIMING_SETTINGS.items():
+            override = overrides[option]
+            if override is not None:
+                timing[option] = check_ms(f"@fifo_locked({option}=...)", override)
+                continue
+            value: Any = app.conf.get(setting)
+            timing[option] = (
+                getattr(_DEFAULTS, option) if value is None else check_ms(setting, value)
+            )
+        try:
+            settings = LockSettings(**timing)
+        except ValueError as exc:
+            raise ValueError(
+                f"FIFO lock {lock_name!r}: {exc} (from the app's fifo_lock_* settings "
+                "and the @fifo_locked options)"
+            ) from None
+        return cls(redis_url=redis_url_of(app, lock_name), settings=settings)
+
+
+def redis_url_of(app: Celery, lock_name: str) -> str:
+    """The lock server's URL: ``fifo_lock_redis_url``, else a Redis broker URL.
+
+    Raises:
+        LockUsageError: when ``fifo_lock_redis_url`` is unset and ``broker_url``
+            is not one ``redis://`` or ``rediss://`` URL (AMQP, SQS, a failover
+            list, ...). The message names the setting to set.
+    """
+    url: Any = app.conf.get(REDIS_URL_SETTING)
+    if url is not None:
+        if not isinstance(url, str) or not url:
+            raise LockUsageError(
+                lock_name,
+                f"{REDIS_URL_SETTING} must be a Redis URL (str), got {url!r}",
+            )
+        return url
+    broker: Any = app.conf.broker_url
+    if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES) and ";" not in broker:
+        return broker
+    shown = repr(maybe_sanitize_url(broker)) if isinstance(broker, str) else repr(broker)
+    raise LockUsageError(
+        lock_name,
+        f"no Redis server for FIFO locks: set {REDIS_URL_SETTING} in the Celery app's "
+        f"configuration (CELERY_{REDIS_URL_SETTING.upper()} under Django's CELERY "
+        f"namespace); broker_url {shown} is not a single redis:// or rediss:// URL, so "
+        "it cannot be the default",
+    )
