@@ -217,7 +217,8 @@ class Hub:
             return
         self._policy_checked = True
         try:
-            reply = await self.client.config_get("maxmemory-policy")
+            async with self.calls:
+                reply = await self.client.config_get("maxmemory-policy")
         except ResponseError:
             log.debug("CONFIG GET is disabled on this server; eviction policy not checked")
             return
