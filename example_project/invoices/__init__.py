@@ -1,0 +1,1 @@
+"""The ``invoices`` app: gap-free invoice numbers issued under one FIFO lock."""
