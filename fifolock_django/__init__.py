@@ -1,16 +1,24 @@
 """Django integration of redis-fifo-lock.
 
-- ``fifolock_django.cache.RedisCache``: django-redis's cache backend plus
-  ``cache.fifo_lock(name, timeout=None)``, usable as ``with`` and ``async with``
-  and yielding the ``Lease``; lock names are cache keys (``KEY_PREFIX`` and
-  ``VERSION`` apply).
+- Cache backends with ``cache.fifo_lock(name, timeout=None, **lock_options)``,
+  usable as ``with`` and ``async with`` and yielding the ``Lease``; lock names
+  are cache keys (``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` apply):
+  ``fifolock_django.cache.RedisCache`` (django-redis) and
+  ``fifolock_django.builtin.RedisCache`` (Django's own Redis backend).
+- ``fifolock_django.lock_name(name, cache=None)``: the Redis name of that lock,
+  for code that takes it through the core or ``fifolock_celery``.
 - ``fifolock_django.commands.fifo_locked_command``: serve the runs of a
   management command one after another, in arrival order.
+- ``manage.py fifolock status NAME`` and ``manage.py fifolock run NAME --
+  COMMAND [ARGS]`` (with ``"fifolock_django"`` in ``INSTALLED_APPS``).
 - ``fifolock_django.conf``: the ``FIFOLOCK`` setting (``LEASE_MS``, ``POLL_MS``,
   ``MAX_HOLD_MS``, ``CACHE``), read at use time.
 - ``"fifolock_django"`` in ``INSTALLED_APPS`` adds system checks
   (``fifolock.E001``...; see ``fifolock_django.checks``).
 
-The modules are not imported here, so that importing the package needs neither
-configured settings nor django-redis.
+Importing the package needs neither configured settings nor django-redis.
 """
+
+from .lock import lock_name
+
+__all__ = ["lock_name"]

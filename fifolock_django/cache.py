@@ -16,8 +16,10 @@ django-redis writes) with the cache's ``USERNAME``, ``PASSWORD``,
 ``SOCKET_TIMEOUT``, ``SOCKET_CONNECT_TIMEOUT`` and ``CONNECTION_POOL_KWARGS``
 (less the sync-only ones in ``SYNC_ONLY_POOL_KWARGS``), over its own
 ``redis.asyncio`` clients (one per event loop, shared by every backend instance
-in the process). ``close()`` -
-which Django calls after every request - leaves those clients alone.
+in the process). TLS comes with a ``rediss://`` URL and the ``ssl_*`` pool
+kwargs. ``close()`` - which Django calls after every request - leaves those
+clients alone. Sentinel set-ups are refused with ``ImproperlyConfigured`` (see
+``connection_settings``).
 """
 
 from __future__ import annotations
@@ -25,18 +27,31 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.functional import cached_property
 from django_redis.cache import RedisCache as DjangoRedisCache  # type: ignore[import-untyped]
 
-from redis_fifo_lock import LoopClients
-
-from .lock import CacheFifoLock, cache_lock, shared_clients
+from .lock import FifoLockMixin
 
 SYNC_ONLY_POOL_KWARGS = frozenset(
     {"connection_class", "parser_class", "retry", "redis_connect_func"}
 )
 """``CONNECTION_POOL_KWARGS`` that only fit redis-py's sync client; the lock's
 asyncio clients ignore them."""
+
+SENTINEL_OPTIONS = ("SENTINELS", "CLIENT_CLASS", "CONNECTION_FACTORY", "CONNECTION_POOL_CLASS")
+"""``OPTIONS`` keys that can make a django-redis cache talk to Sentinel."""
+
+
+def _sentinel_option(options: dict[str, Any]) -> str | None:
+    """The first ``OPTIONS`` key that sets up Sentinel, or None."""
+    for option in SENTINEL_OPTIONS:
+        value = options.get(option)
+        if option == "SENTINELS" and value:
+            return option
+        if isinstance(value, str) and "sentinel" in value.lower():
+            return option
+        if isinstance(value, type) and "sentinel" in value.__name__.lower():
+            return option
+    return None
 
 
 def connection_settings(
@@ -47,21 +62,31 @@ def connection_settings(
 
     Args:
         location: the cache's ``LOCATION``: a URL, several comma-separated, or a
-            list of URLs; the first is used.
+            list of URLs; the first is used (django-redis writes there).
         options: the cache's ``OPTIONS`` dict.
 
+    Returns:
+        the URL (str) and the connection kwargs (dict): ``username``,
+        ``password``, ``socket_timeout``, ``socket_connect_timeout`` (seconds)
+        and the ``CONNECTION_POOL_KWARGS`` an asyncio pool accepts. A password
+        in the URL wins over ``PASSWORD``, as in django-redis.
+
     Raises:
-        ImproperlyConfigured: for an empty ``LOCATION`` or a Sentinel setup
-            (``SENTINELS``), which the lock does not support yet.
+        ImproperlyConfigured: for an empty ``LOCATION``, or a Sentinel set-up
+            (``SENTINELS``, a Sentinel ``CLIENT_CLASS``, ``CONNECTION_FACTORY``
+            or ``CONNECTION_POOL_CLASS``), which the lock does not support: its
+            per-event-loop clients cannot follow a failover yet.
     """
     servers = location.split(",") if isinstance(location, str) else list(location)
     url = servers[0].strip() if servers else ""
     if not url:
         raise ImproperlyConfigured("a cache with fifo_lock() needs a Redis URL in LOCATION")
-    if options.get("SENTINELS"):
+    sentinel = _sentinel_option(options)
+    if sentinel is not None:
         raise ImproperlyConfigured(
-            "fifo_lock() does not support django-redis Sentinel caches (OPTIONS['SENTINELS']); "
-            "give the locks a cache whose LOCATION is the primary's redis:// URL"
+            f"fifo_lock() does not support django-redis Sentinel caches (OPTIONS[{sentinel!r}] "
+            "sets up Sentinel); give the locks a cache of their own whose LOCATION is the "
+            "primary's redis:// or rediss:// URL"
         )
     kwargs: dict[str, Any] = {
         key: value
@@ -79,65 +104,21 @@ def connection_settings(
     return url, kwargs
 
 
-class RedisCache(DjangoRedisCache):  # type: ignore[misc]  # django-redis is untyped
-    """django-redis's ``RedisCache`` plus ``fifo_lock()``.
+class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # django-redis is untyped
+    """django-redis's ``RedisCache`` plus ``fifo_lock()`` (see ``FifoLockMixin``).
 
     Args:
         server: the cache's ``LOCATION`` (str or list of str).
         params: the rest of its ``CACHES`` entry (``OPTIONS``, ``KEY_PREFIX``...).
+
+    ``IGNORE_EXCEPTIONS`` (and ``DJANGO_REDIS_IGNORE_EXCEPTIONS``) apply to the
+    cache methods only; the lock always raises.
     """
 
-    @cached_property
-    def fifo_lock_clients(self) -> LoopClients:
-        """The process-wide connection source of this cache's locks (``LoopClients``).
+    def fifo_lock_connection(self) -> tuple[str, dict[str, Any]]:
+        """(url, kwargs) of the lock's connections, from ``LOCATION`` and ``OPTIONS``.
 
         Raises:
             ImproperlyConfigured: see ``connection_settings``.
         """
-        url, kwargs = connection_settings(self._server, self._params.get("OPTIONS", {}))
-        return shared_clients(url, **kwargs)
-
-    def fifo_lock(
-        self,
-        name: str,
-        timeout: float | None = None,
-        *,
-        version: int | None = None,
-        lease_ms: int | None = None,
-        poll_ms: int | None = None,
-        max_hold_ms: int | None = None,
-    ) -> CacheFifoLock:
-        """A FIFO lock named by the cache key of ``name``, for ``with`` or ``async with``.
-
-        Args:
-            name: what the lock guards (str, no ``{``/``}``). The Redis lock name
-                is ``self.make_key(name, version)``, so locks of caches with
-                different ``KEY_PREFIX`` or ``VERSION`` never collide; keys look
-                like ``fifolock:{<prefix>:<version>:<name>}:queue``.
-            timeout: seconds (float) to wait when entering; None (default)
-                waits forever, 0 tries once.
-            version: cache key version (int); default the cache's ``VERSION``.
-            lease_ms, poll_ms, max_hold_ms: int milliseconds overriding
-                ``FIFOLOCK['LEASE_MS']``, ``['POLL_MS']``, ``['MAX_HOLD_MS']``.
-
-        Returns:
-            a ``CacheFifoLock``; entering it yields the ``Lease``. See there for
-            what entering and leaving raise (``LockTimeout``, ``LeaseLost``,
-            ``RedisUnavailable`` - never swallowed, even with
-            ``IGNORE_EXCEPTIONS``).
-
-        Raises:
-            ValueError: for a bad ``name``, ``timeout`` or timing argument.
-            ImproperlyConfigured: for an invalid ``FIFOLOCK``, a ``KEY_PREFIX``
-                that makes an invalid lock name, or an unsupported ``LOCATION``.
-        """
-        return cache_lock(
-            self,
-            self.fifo_lock_clients,
-            name,
-            timeout,
-            version=version,
-            lease_ms=lease_ms,
-            poll_ms=poll_ms,
-            max_hold_ms=max_hold_ms,
-        )
+        return connection_settings(self._server, self._params.get("OPTIONS", {}))

@@ -1,32 +1,52 @@
-"""System checks (``manage.py check``) for the FIFO lock settings.
+"""System checks (``manage.py check``) for the FIFO lock settings and servers.
 
 Registered under the ``caches`` tag when ``"fifolock_django"`` is in
 ``INSTALLED_APPS``. Each function returns a list of messages; ids are stable:
 
 - ``fifolock.E001`` the ``FIFOLOCK['CACHE']`` cache has no ``fifo_lock()``
-  (it is not a Redis FIFO lock backend).
+  (not a Redis backend at all - locmem, dummy, file and database caches lock
+  nothing across processes - or a Redis backend without this package's mixin).
 - ``fifolock.E002`` ``FIFOLOCK['CACHE']`` is not an alias in ``CACHES``.
 - ``fifolock.E003`` the ``FIFOLOCK`` setting is invalid.
 - ``fifolock.E004`` a cache with ``fifo_lock()`` cannot make locks (a
-  ``KEY_PREFIX`` with ``{`` or ``}``, an unsupported ``LOCATION``...).
+  ``KEY_PREFIX`` with ``{`` or ``}``, a Sentinel set-up...).
+
+With ``manage.py check --deploy`` only (they talk to each lock cache's server,
+waiting at most ``SERVER_CHECK_TIMEOUT_S`` seconds for it):
+
+- ``fifolock.E005`` the server's ``maxmemory-policy`` can evict lock keys.
+- ``fifolock.E006`` the server cannot be reached (or refuses the credentials).
+- ``fifolock.W001`` the server refuses ``CONFIG GET`` (common on managed
+  services), so its eviction policy is unknown.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.cache import caches
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
+from redis.exceptions import RedisError, ResponseError
+
+from redis_fifo_lock import LoopClients
+from redis_fifo_lock.sync import portal
+from redis_fifo_lock.waiting import EVICTING_POLICIES
 
 from .conf import SETTING, fifolock_settings
+from .lock import LOCK_BACKENDS, FifoLockMixin, suggested_backend
 
-LOCK_BACKEND = "fifolock_django.cache.RedisCache"
-"""Dotted path of the cache backend that provides ``fifo_lock()``."""
+SERVER_CHECK_TIMEOUT_S = 5.0
+"""Seconds the deploy checks wait for each lock server before calling it unreachable."""
+
+CHECK_LOCK = "fifolock-check"
+"""Lock name used to try a cache's ``fifo_lock()`` (nothing is sent to Redis)."""
 
 
 @register(Tags.caches)
@@ -65,17 +85,40 @@ def check_lock_cache(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> 
         return []  # Django reports the broken BACKEND itself
     if has_lock:
         return []
+    if backend in LOCK_BACKENDS:
+        return [
+            Error(
+                f"The FIFO lock cache {alias!r} uses BACKEND {backend!r}, which has no "
+                "fifo_lock().",
+                hint=(
+                    f"Set CACHES[{alias!r}]['BACKEND'] to {suggested_backend(backend)}: the "
+                    "same backend plus fifo_lock()."
+                ),
+                id="fifolock.E001",
+            )
+        ]
     return [
         Error(
-            f"The FIFO lock cache {alias!r} uses BACKEND {backend!r}, which is not a "
-            "Redis FIFO lock backend (it has no fifo_lock()).",
+            f"The FIFO lock cache {alias!r} uses BACKEND {backend!r}, which is not a Redis "
+            "backend: it cannot make locks that exclude other processes (locmem, dummy, "
+            "file and database caches give no lock across processes).",
             hint=(
-                f"Set CACHES[{alias!r}]['BACKEND'] to {LOCK_BACKEND!r}, or point "
-                f"{SETTING}['CACHE'] at a cache that uses it."
+                f"Use a Redis cache with BACKEND {suggested_backend(backend)} for "
+                f"CACHES[{alias!r}], or point {SETTING}['CACHE'] at one."
             ),
             id="fifolock.E001",
         )
     ]
+
+
+def _lock_caches() -> list[tuple[str, Any]]:
+    """(alias, backend) of every cache in ``CACHES`` that has ``fifo_lock()``."""
+    found = []
+    for alias in settings.CACHES:
+        cache = caches[alias]
+        if callable(getattr(cache, "fifo_lock", None)):
+            found.append((alias, cache))
+    return found
 
 
 @register(Tags.caches)
@@ -89,12 +132,9 @@ def check_lock_caches_make_locks(
     except ImproperlyConfigured:
         return []  # reported as fifolock.E003
     errors: list[CheckMessage] = []
-    for alias in settings.CACHES:
-        fifo_lock = getattr(caches[alias], "fifo_lock", None)
-        if not callable(fifo_lock):
-            continue
+    for alias, cache in _lock_caches():
         try:
-            fifo_lock("fifolock-check")
+            cache.fifo_lock(CHECK_LOCK)
         except ImproperlyConfigured as exc:
             errors.append(
                 Error(
@@ -104,3 +144,99 @@ def check_lock_caches_make_locks(
                 )
             )
     return errors
+
+
+def shown_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def eviction_policy(clients: LoopClients, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> str:
+    """The ``maxmemory-policy`` of the server behind ``clients`` (str).
+
+    Asked over the lock's own connection settings, on the sync portal's loop.
+
+    Args:
+        clients: the lock connections of a cache (``fifo_lock_clients``).
+        timeout_s: seconds (float) to wait for the answer.
+
+    Raises:
+        ResponseError: the server refuses ``CONFIG GET`` (disabled, or an ACL).
+        RedisError: the server cannot be reached, or refuses the credentials.
+        TimeoutError: no answer within ``timeout_s``.
+    """
+
+    async def read() -> str:
+        reply = await asyncio.wait_for(clients.client().config_get("maxmemory-policy"), timeout_s)
+        policy = next(iter(reply.values()), "")
+        return policy.decode() if isinstance(policy, bytes) else str(policy)
+
+    return portal().call(CHECK_LOCK, read)
+
+
+@register(Tags.caches, deploy=True)
+def check_lock_servers(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``--deploy`` only: ``fifolock.E006`` when a lock cache's server cannot be
+    reached, ``E005`` when its eviction policy can evict lock keys, ``W001``
+    when the policy cannot be read."""
+    messages: list[CheckMessage] = []
+    for alias, cache in _lock_caches():
+        if not isinstance(cache, FifoLockMixin):
+            continue
+        try:
+            url, _ = cache.fifo_lock_connection()
+            clients = cache.fifo_lock_clients
+        except ImproperlyConfigured:
+            continue  # reported as fifolock.E004
+        where = f"The Redis server of cache {alias!r} ({shown_url(url)})"
+        try:
+            policy = eviction_policy(clients)
+        except ResponseError as exc:
+            messages.append(
+                Warning(
+                    f"{where} refuses CONFIG GET maxmemory-policy ({exc}), so it is unknown "
+                    "whether it can evict FIFO lock keys.",
+                    hint=(
+                        "Make sure the server's maxmemory-policy is 'noeviction' by other "
+                        "means (managed services show it in their parameter settings)."
+                    ),
+                    id="fifolock.W001",
+                )
+            )
+            continue
+        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+            reason = str(exc).rstrip(".") or f"no answer within {SERVER_CHECK_TIMEOUT_S:g} s"
+            messages.append(
+                Error(
+                    f"{where} cannot be reached: {reason}.",
+                    hint=(
+                        f"Check CACHES[{alias!r}]['LOCATION'] and ['OPTIONS'] (address, "
+                        "credentials, TLS) and that the server is running; until it can be "
+                        "reached, every FIFO lock raises RedisUnavailable."
+                    ),
+                    id="fifolock.E006",
+                )
+            )
+            continue
+        if policy.startswith(EVICTING_POLICIES):
+            messages.append(
+                Error(
+                    f"{where} has maxmemory-policy {policy!r}, which can evict FIFO lock "
+                    "keys: a held lock would be freed silently and the fence counter could "
+                    "go back.",
+                    hint=(
+                        "Set maxmemory-policy to 'noeviction' on that server (redis.conf or "
+                        "CONFIG SET), or give the locks a Redis server of their own in a "
+                        f"separate cache and point {SETTING}['CACHE'] at it."
+                    ),
+                    id="fifolock.E005",
+                )
+            )
+    return messages

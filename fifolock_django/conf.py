@@ -6,7 +6,7 @@ Every key is optional; the defaults are the core's::
         "LEASE_MS": 60_000,       # int, milliseconds a grant survives unrenewed
         "POLL_MS": 30_000,        # int, milliseconds between a waiter's polls
         "MAX_HOLD_MS": 1_800_000, # int, milliseconds one grant may be renewed for
-        "CACHE": "default",       # str, alias in CACHES used by fifo_locked_command
+        "CACHE": "default",       # str, alias in CACHES: fifo_locked_command, fifolock, lock_name
     }
 
 The setting is read each time a lock is made, never cached at import, so
@@ -46,7 +46,8 @@ class FifoLockConfig:
 
     Attributes:
         cache: alias (str) of the cache in ``CACHES`` whose ``fifo_lock()`` the
-            management-command decorator and the system checks use.
+            management-command decorator, ``manage.py fifolock``, ``lock_name()``
+            and the system checks use by default.
         lock: the timing defaults (``LockSettings``: ``lease_ms``, ``poll_ms``,
             ``max_hold_ms``, all int milliseconds) of every ``fifo_lock()``.
     """

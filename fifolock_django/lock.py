@@ -6,12 +6,14 @@ the lock: an asyncio client belongs to one event loop, and a sync view, an async
 view and ``async_to_sync`` each run on a different one. The lock therefore
 takes its connections from ``shared_clients()``: one ``LoopClients`` per
 connection configuration for the whole process, which builds one client per
-running loop (and after ``fork()``) and closes it when that loop closes. Sync
-code goes through ``SyncFifoLock``, whose portal loop gets its client from the
-same ``LoopClients``.
+running loop and process id (so a forked child never shares its parent's
+sockets) and closes it when that loop closes. Sync code goes through
+``SyncFifoLock``, whose portal loop gets its client from the same
+``LoopClients``. The backend keeps nothing: ``FifoLockMixin`` looks the
+``LoopClients`` up again from the cache's settings at every ``fifo_lock()``.
 
 Nothing here speaks the lock protocol: the object only chooses between the
-core's ``SyncFifoLock.hold`` and ``FifoLock.hold``.
+core's ``SyncFifoLock`` and ``FifoLock``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,35 @@ from django.core.cache import InvalidCacheBackendError, caches
 from django.core.cache.backends.base import BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
-from redis_fifo_lock import FifoLock, Lease, LockSettings, LockUsageError, LoopClients, SyncFifoLock
+from redis_fifo_lock import (
+    FifoLock,
+    Lease,
+    LockSettings,
+    LockStatus,
+    LockUsageError,
+    LoopClients,
+    SyncFifoLock,
+)
 from redis_fifo_lock.lock import check_timeout
 from redis_fifo_lock.settings import check_name
 
 from .conf import SETTING, fifolock_settings
+
+LOCK_BACKENDS = {
+    "django_redis.cache.RedisCache": "fifolock_django.cache.RedisCache",
+    "django.core.cache.backends.redis.RedisCache": "fifolock_django.builtin.RedisCache",
+}
+"""The Redis cache backends this package extends, mapped to the backend to use
+instead (dotted paths): django-redis's and Django's built-in one."""
+
+
+def suggested_backend(backend: str) -> str:
+    """The FIFO lock backend(s) to use instead of ``backend`` (a dotted path), quoted,
+    for error messages: the matching one for a known Redis backend, else both."""
+    if backend in LOCK_BACKENDS:
+        return repr(LOCK_BACKENDS[backend])
+    return " or ".join(f"{ours!r} (for {theirs})" for theirs, ours in LOCK_BACKENDS.items())
+
 
 _registry: dict[tuple[str, str], LoopClients] = {}
 _registry_guard = threading.Lock()
@@ -45,11 +71,15 @@ def shared_clients(url: str, **connection_kwargs: Any) -> LoopClients:
         **connection_kwargs: extra ``redis.asyncio`` connection options
             (``password``, ``socket_timeout`` in seconds, ``max_connections``...).
 
+    Returns:
+        the same ``LoopClients`` for the same arguments, for the whole process.
+
     Every cache backend instance (one per thread or async context) with the
     same settings gets the same object, so a process holds at most one client
-    per event loop per configuration. Nothing is ever closed here: each client
-    is closed by its loop's ``close()``; the sync portal's lives as long as the
-    process.
+    per event loop per configuration. The ``LoopClients`` keys its clients by
+    running loop and process id, so the entries of this registry stay valid
+    after ``fork()``. Nothing is ever closed here: each client is closed by its
+    loop's ``close()``; the sync portal's lives as long as the process.
     """
     key = (url, repr(sorted(connection_kwargs.items())))
     with _registry_guard:
@@ -57,6 +87,21 @@ def shared_clients(url: str, **connection_kwargs: Any) -> LoopClients:
         if clients is None:
             clients = _registry[key] = LoopClients(url, **connection_kwargs)
         return clients
+
+
+def _no_running_loop(name: str, what: str) -> None:
+    """Raise ``LockUsageError`` if this thread runs an event loop (``what`` would
+    block it); sync code is fine."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise LockUsageError(
+        name,
+        f"{what} was used in a thread running an event loop, where waiting would block "
+        "every task on it; use `async with cache.fifo_lock(...)` or the a-prefixed "
+        "methods (aacquire, arelease, astatus) in async code",
+    )
 
 
 class CacheFifoLock:
@@ -69,6 +114,12 @@ class CacheFifoLock:
         with cache.fifo_lock("invoices", timeout=10) as lease: ...        # sync
         async with cache.fifo_lock("invoices", timeout=10) as lease: ...  # async
 
+    For acquire and release in different places, ``acquire()``/``release()``
+    (sync) and their twins ``aacquire()``/``arelease()`` (async) take and give
+    back a ``Lease``; a lease may be released by either twin, from another
+    thread or another event loop than the one that acquired it. ``status()``
+    and ``astatus()`` read the lock without joining the queue.
+
     Args:
         clients: where connections come from (see ``shared_clients``).
         name: the lock name given to the core (str), i.e. the cache key
@@ -77,14 +128,24 @@ class CacheFifoLock:
             once.
         settings: ``lease_ms``, ``poll_ms``, ``max_hold_ms`` (int milliseconds).
 
+    Raises:
+        ValueError: for a bad ``name`` or ``timeout``.
+
     Entering raises ``LockTimeout`` (a ``TimeoutError``; ``.waited`` in seconds,
     ``.holder_fence``) when ``timeout`` runs out, and ``RedisUnavailable`` when
     Redis cannot be reached - whatever the cache's ``IGNORE_EXCEPTIONS`` says: a
     lock never fails open. Leaving raises ``LeaseLost`` when the lease was lost
     while the block ran. One object serves one ``with`` at a time; entering it
-    again while held raises ``LockUsageError``. Sync ``with`` in a thread that
-    runs an event loop raises ``LockUsageError`` (it would block the loop): use
-    ``async with`` there.
+    again while held raises ``LockUsageError``. The sync forms (``with``,
+    ``acquire``, ``release``, ``status``) in a thread that runs an event loop
+    raise ``LockUsageError`` (they would block the loop): use the async ones.
+
+    Where the lease is renewed: in the background on the event loop that
+    acquired it - the process's portal loop for the sync forms, the running
+    loop for the async ones. A lease acquired by ``aacquire()`` inside an
+    ``async_to_sync`` call whose loop then closes is no longer renewed: release
+    it within ``lease_ms`` (``LeaseLost`` otherwise), or acquire it with the
+    sync ``acquire()`` instead, which renews until released.
     """
 
     def __init__(
@@ -100,7 +161,7 @@ class CacheFifoLock:
         return f"<CacheFifoLock {self.name!r} timeout={self.timeout} {self.settings}>"
 
     def sync_lock(self) -> SyncFifoLock:
-        """The core's ``SyncFifoLock`` for this lock (for ``acquire``/``status``...)."""
+        """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
         settings = self.settings
         return SyncFifoLock(
             self.clients,
@@ -125,6 +186,79 @@ class CacheFifoLock:
             max_hold_ms=settings.max_hold_ms,
         )
 
+    # --- acquire and release in different places --------------------------------------
+
+    def acquire(self) -> Lease:
+        """Block until granted (at most ``timeout`` seconds) and return the ``Lease``.
+
+        The lease is renewed by the process's portal loop until ``release()`` or
+        ``arelease()``, whichever thread or loop calls it.
+
+        Raises:
+            LockTimeout: (a ``TimeoutError``) ``timeout`` ran out; nothing is
+                left queued.
+            RedisUnavailable: Redis could not be reached.
+            LockUsageError: called in a thread running an event loop.
+        """
+        _no_running_loop(self.name, "cache.fifo_lock(...).acquire()")
+        return self.sync_lock().acquire(self.timeout)
+
+    async def aacquire(self) -> Lease:
+        """The async twin of ``acquire()``: wait on the running loop, which renews
+        the lease until it is released (see the class docstring for loops that
+        close first).
+
+        Raises:
+            LockTimeout: (a ``TimeoutError``) ``timeout`` ran out.
+            RedisUnavailable: Redis could not be reached.
+        """
+        return await self.async_lock().acquire(self.timeout)
+
+    def release(self, lease: Lease) -> None:
+        """Release ``lease`` (from any thread without a running loop) and hand the
+        lock to the next waiter. Releasing twice is a no-op.
+
+        Raises:
+            LeaseLost: the lease had expired or been taken before this release.
+            RedisUnavailable: Redis could not be reached; retry the release.
+            LockUsageError: ``lease`` is another lock's, or this thread runs an
+                event loop.
+        """
+        _no_running_loop(self.name, "cache.fifo_lock(...).release()")
+        self.sync_lock().release(lease)
+
+    async def arelease(self, lease: Lease) -> None:
+        """The async twin of ``release()``; works on any loop, also when the loop
+        that acquired ``lease`` has closed.
+
+        Raises:
+            LeaseLost: the lease had expired or been taken before this release.
+            RedisUnavailable: Redis could not be reached; retry the release.
+            LockUsageError: ``lease`` is another lock's.
+        """
+        await self.async_lock().release(lease)
+
+    def status(self) -> LockStatus:
+        """A snapshot of the lock (``held``, ``fence``, ``waiting``,
+        ``holder_fence``, ``lease_left_ms``...), without joining the queue.
+
+        Raises:
+            RedisUnavailable: Redis could not be reached.
+            LockUsageError: called in a thread running an event loop.
+        """
+        _no_running_loop(self.name, "cache.fifo_lock(...).status()")
+        return self.sync_lock().status()
+
+    async def astatus(self) -> LockStatus:
+        """The async twin of ``status()``.
+
+        Raises:
+            RedisUnavailable: Redis could not be reached.
+        """
+        return await self.async_lock().status()
+
+    # --- with / async with ------------------------------------------------------------
+
     def _claim(self, how: str) -> None:
         if self._held is not None:
             raise LockUsageError(
@@ -135,17 +269,7 @@ class CacheFifoLock:
 
     def __enter__(self) -> Lease:
         self._claim("each `with`")
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise LockUsageError(
-                self.name,
-                "`with cache.fifo_lock(...)` was used in a thread running an event loop, "
-                "where waiting would block every task on it; use "
-                "`async with cache.fifo_lock(...)` in async code",
-            )
+        _no_running_loop(self.name, "`with cache.fifo_lock(...)`")
         hold = self.sync_lock().hold(self.timeout)
         lease = hold.__enter__()
         self._held = hold
@@ -183,7 +307,8 @@ class CacheFifoLock:
 
 @runtime_checkable
 class SupportsFifoLock(Protocol):
-    """A cache backend with ``fifo_lock()``, such as ``fifolock_django.cache.RedisCache``."""
+    """A cache backend with ``fifo_lock()``, such as ``fifolock_django.cache.RedisCache``
+    or ``fifolock_django.builtin.RedisCache``."""
 
     def fifo_lock(
         self,
@@ -195,8 +320,108 @@ class SupportsFifoLock(Protocol):
         poll_ms: int | None = None,
         max_hold_ms: int | None = None,
     ) -> CacheFifoLock:
-        """See ``fifolock_django.cache.RedisCache.fifo_lock``."""
+        """See ``FifoLockMixin.fifo_lock``."""
         ...
+
+
+class FifoLockMixin(BaseCache):
+    """Adds ``fifo_lock()`` to a Redis cache backend; put it first among the bases.
+
+    A subclass says where its locks connect by implementing
+    ``fifo_lock_connection()`` from its own ``LOCATION`` and ``OPTIONS``. The
+    mixin stores nothing on the backend instance (Django makes one per thread
+    and async context, and closes it after every request): connections live in
+    the process-wide registry of ``shared_clients``. The cache's ``close()`` is
+    left as it is and never touches them - cheap, idempotent, and safe while
+    other requests of the process hold locks.
+    """
+
+    def fifo_lock_connection(self) -> tuple[str, dict[str, Any]]:
+        """The (url, ``redis.asyncio`` connection kwargs) of this cache's locks.
+
+        Raises:
+            ImproperlyConfigured: when the settings cannot make a lock connection.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} must define fifo_lock_connection()")
+
+    @property
+    def fifo_lock_clients(self) -> LoopClients:
+        """The process-wide connection source of this cache's locks (``LoopClients``),
+        looked up (not stored) at every access.
+
+        Raises:
+            ImproperlyConfigured: see ``fifo_lock_connection``.
+        """
+        url, kwargs = self.fifo_lock_connection()
+        return shared_clients(url, **kwargs)
+
+    def fifo_lock(
+        self,
+        name: str,
+        timeout: float | None = None,
+        *,
+        version: int | None = None,
+        lease_ms: int | None = None,
+        poll_ms: int | None = None,
+        max_hold_ms: int | None = None,
+    ) -> CacheFifoLock:
+        """A FIFO lock named by the cache key of ``name``, for ``with`` or ``async with``.
+
+        Args:
+            name: what the lock guards (str, no ``{``/``}``). The Redis lock name
+                is ``self.make_key(name, version)``, so locks of caches with
+                different ``KEY_PREFIX``, ``VERSION`` or ``KEY_FUNCTION`` never
+                collide; keys look like ``fifolock:{<prefix>:<version>:<name>}:queue``.
+            timeout: seconds (float) to wait when entering; None (default)
+                waits forever, 0 tries once.
+            version: cache key version (int); default the cache's ``VERSION``.
+            lease_ms: int milliseconds overriding ``FIFOLOCK['LEASE_MS']``.
+            poll_ms: int milliseconds overriding ``FIFOLOCK['POLL_MS']``.
+            max_hold_ms: int milliseconds overriding ``FIFOLOCK['MAX_HOLD_MS']``.
+
+        Returns:
+            a ``CacheFifoLock``; entering it yields the ``Lease``. See there for
+            what entering and leaving raise (``LockTimeout``, ``LeaseLost``,
+            ``RedisUnavailable`` - never swallowed, even with
+            ``IGNORE_EXCEPTIONS``). Nothing touches Redis until it is used.
+
+        Raises:
+            ValueError: for a bad ``name``, ``timeout`` or timing argument.
+            ImproperlyConfigured: for an invalid ``FIFOLOCK``, a ``KEY_PREFIX``
+                that makes an invalid lock name, or connection settings the
+                lock cannot use (such as a Sentinel set-up).
+        """
+        return cache_lock(
+            self,
+            self.fifo_lock_clients,
+            name,
+            timeout,
+            version=version,
+            lease_ms=lease_ms,
+            poll_ms=poll_ms,
+            max_hold_ms=max_hold_ms,
+        )
+
+
+def lock_key(cache: BaseCache, name: str, version: int | None = None) -> str:
+    """The lock name the core gets for ``name`` on ``cache``: ``cache.make_key(name,
+    version)`` (``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` apply), checked.
+
+    Raises:
+        ValueError: ``name`` itself is not a valid lock name.
+        ImproperlyConfigured: the cache's key function turns a valid ``name``
+            into an invalid lock name (e.g. a ``KEY_PREFIX`` with ``{`` or ``}``).
+    """
+    check_name(name)
+    key = str(cache.make_key(name, version=version))
+    try:
+        return check_name(key)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"cache.fifo_lock({name!r}): the cache's KEY_PREFIX, VERSION or KEY_FUNCTION "
+            f"make the lock name {key!r}, which the lock refuses ({exc}); change KEY_PREFIX "
+            "(or KEY_FUNCTION) in the cache's CACHES entry"
+        ) from exc
 
 
 def cache_lock(
@@ -212,8 +437,7 @@ def cache_lock(
 ) -> CacheFifoLock:
     """Build the ``CacheFifoLock`` that a backend's ``fifo_lock()`` returns.
 
-    The lock name given to the core is ``cache.make_key(name, version)`` (so
-    the cache's ``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` apply);
+    The lock name given to the core is ``lock_key(cache, name, version)``;
     ``lease_ms``/``poll_ms``/``max_hold_ms`` (int milliseconds) default to
     ``FIFOLOCK``, read now. Nothing touches Redis here.
 
@@ -221,19 +445,9 @@ def cache_lock(
         ValueError: for a bad ``name``, ``timeout`` or timing argument (the
             message names it).
         ImproperlyConfigured: when ``FIFOLOCK`` is invalid, or the cache's key
-            function turns a valid ``name`` into an invalid lock name (e.g. a
-            ``KEY_PREFIX`` containing ``{`` or ``}``).
+            function turns a valid ``name`` into an invalid lock name.
     """
-    check_name(name)
-    key = str(cache.make_key(name, version=version))
-    try:
-        check_name(key)
-    except ValueError as exc:
-        raise ImproperlyConfigured(
-            f"cache.fifo_lock({name!r}): the cache's KEY_PREFIX, VERSION or KEY_FUNCTION "
-            f"make the lock name {key!r}, which the lock refuses ({exc}); change KEY_PREFIX "
-            "(or KEY_FUNCTION) in the cache's CACHES entry"
-        ) from exc
+    key = lock_key(cache, name, version)
     defaults = fifolock_settings().lock
     settings = LockSettings(
         lease_ms=defaults.lease_ms if lease_ms is None else lease_ms,
@@ -261,9 +475,41 @@ def lock_cache(alias: str | None = None) -> SupportsFifoLock:
             f"is unusable: {exc}"
         ) from exc
     if not isinstance(cache, SupportsFifoLock):
+        path = f"{type(cache).__module__}.{type(cache).__qualname__}"
         raise ImproperlyConfigured(
-            f"cache {alias!r} ({type(cache).__module__}.{type(cache).__qualname__}) has no "
-            f"fifo_lock(); set CACHES[{alias!r}]['BACKEND'] to "
-            f"'fifolock_django.cache.RedisCache' or {SETTING}['CACHE'] to a cache that uses it"
+            f"cache {alias!r} ({path}) has no fifo_lock(); set CACHES[{alias!r}]['BACKEND'] "
+            f"to {suggested_backend(path)} or {SETTING}['CACHE'] to a cache that uses one"
         )
     return cache
+
+
+def lock_name(name: str, cache: str | None = None, *, version: int | None = None) -> str:
+    """The name in Redis of the lock that ``caches[cache].fifo_lock(name)`` takes.
+
+    Give it to code that uses the core or the Celery integration directly, so
+    that it takes the very same lock::
+
+        @app.task
+        @fifo_locked(lock_name("invoices"))   # same lock as cache.fifo_lock("invoices")
+        def issue(): ...
+
+    (The Celery side must also connect to the same Redis server and database:
+    ``CELERY_FIFO_LOCK_REDIS_URL`` should be the cache's ``LOCATION``.)
+
+    Args:
+        name: the name given to ``fifo_lock()`` (str, no ``{``/``}``).
+        cache: alias (str) in ``CACHES``; default ``FIFOLOCK['CACHE']``.
+        version: cache key version (int); default the cache's ``VERSION``.
+
+    Returns:
+        the cache key of ``name`` (str), e.g. ``":1:invoices"`` with the default
+        ``KEY_PREFIX`` and ``VERSION``.
+
+    Raises:
+        ValueError: for a bad ``name``.
+        ImproperlyConfigured: as ``lock_cache`` and ``lock_key``.
+    """
+    backend = lock_cache(cache)
+    if not isinstance(backend, BaseCache):
+        raise ImproperlyConfigured(f"cache {cache!r} is not a Django cache backend")
+    return lock_key(backend, name, version)

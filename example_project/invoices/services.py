@@ -8,8 +8,8 @@ One lock, two ways of naming it: the Django side (``cache.fifo_lock`` and
 ``fifo_locked_command``) turns ``INVOICE_LOCK`` into a cache key, so its lock
 in Redis is called ``cache.make_key("invoices")`` - ``":1:invoices"`` with the
 default ``KEY_PREFIX`` and ``VERSION`` - while ``@fifo_locked`` uses the name it
-is given as it is. The Celery task is therefore given ``invoice_lock().name``,
-the name the Django side really uses.
+is given as it is. The Celery task is therefore given
+``fifolock_django.lock_name(INVOICE_LOCK)``, the name the Django side uses.
 """
 
 from __future__ import annotations

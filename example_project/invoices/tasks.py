@@ -1,4 +1,11 @@
-"""The Celery surface: one task, one invoice, under ``@fifo_locked``."""
+"""The Celery surface: one task, one invoice, under ``@fifo_locked``.
+
+``lock_name(INVOICE_LOCK)`` is the name in Redis of the lock that
+``cache.fifo_lock(INVOICE_LOCK)`` takes (the cache key, ``":1:invoices"`` with
+the default ``KEY_PREFIX`` and ``VERSION``), so the task queues with the view
+and the command on one lock. ``CELERY_FIFO_LOCK_REDIS_URL`` points at the
+cache's server and database (see ``example_project.settings``).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +17,10 @@ from celery.signals import task_postrun, task_prerun
 
 from example_project.celery import app
 from fifolock_celery import current_lease, fifo_locked
+from fifolock_django import lock_name
 
 from .models import Source
-from .services import LOCK_TIMEOUT_S, invoice_lock, issue_invoice
+from .services import INVOICE_LOCK, LOCK_TIMEOUT_S, issue_invoice
 
 _started_ns: dict[str, int] = {}
 """When each running task of this process started (task id to monotonic ns)."""
@@ -32,7 +40,7 @@ def _forget_start(task_id: str, **kwargs: Any) -> None:
 
 
 @app.task(bind=True)
-@fifo_locked(invoice_lock().name, timeout=LOCK_TIMEOUT_S)
+@fifo_locked(lock_name(INVOICE_LOCK), timeout=LOCK_TIMEOUT_S)
 def issue_invoice_task(self: Task[Any, Any]) -> dict[str, Any]:
     """Issue one invoice; returns its number, fence, ticket and the lock wait (ms)."""
     entered_ns = time.monotonic_ns()

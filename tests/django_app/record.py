@@ -9,43 +9,62 @@ two ``enter`` entries in a row. Works across threads, loops and processes.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
-from django_redis import get_redis_connection
+from django.conf import settings
+from redis import Redis
 
 from redis_fifo_lock import Lease
 
 LOG = "record:log"
 ACTIVE = "record:active"
 
-
-def enter(who: str, lease: Lease) -> None:
-    """Record that ``who`` entered its critical section under ``lease``."""
-    redis = get_redis_connection("default")
-    active = redis.incr(ACTIVE)
-    entry = {"event": "enter", "who": who, "fence": lease.fence, "ticket": lease.ticket}
-    redis.rpush(LOG, json.dumps({**entry, "active": active}))
+_clients: dict[str, Redis] = {}
+_guard = threading.Lock()
 
 
-def leave(who: str, lease: Lease) -> None:
+def redis() -> Redis:
+    """A sync client for the ``default`` cache's server (either backend), one per URL."""
+    url = str(settings.CACHES["default"]["LOCATION"])
+    with _guard:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients[url] = Redis.from_url(url)
+        return client
+
+
+def enter(who: str, lease: Lease | None) -> None:
+    """Record that ``who`` entered its critical section under ``lease`` (None for
+    code that does not know the lease it runs under, such as a command run by
+    ``fifolock run``)."""
+    client = redis()
+    active = client.incr(ACTIVE)
+    fence, ticket = (None, None) if lease is None else (lease.fence, lease.ticket)
+    entry = {"event": "enter", "who": who, "fence": fence, "ticket": ticket}
+    client.rpush(LOG, json.dumps({**entry, "active": active}))
+
+
+def leave(who: str, lease: Lease | None) -> None:
     """Record that ``who`` is leaving its critical section (before release)."""
-    redis = get_redis_connection("default")
-    redis.rpush(LOG, json.dumps({"event": "exit", "who": who, "fence": lease.fence}))
-    redis.decr(ACTIVE)
+    client = redis()
+    fence = None if lease is None else lease.fence
+    client.rpush(LOG, json.dumps({"event": "exit", "who": who, "fence": fence}))
+    client.decr(ACTIVE)
 
 
-def entries(redis: Any) -> list[dict[str, Any]]:
-    """The record read back with the (sync) client ``redis``, in order."""
-    return [json.loads(raw) for raw in redis.lrange(LOG, 0, -1)]
+def entries(client: Any) -> list[dict[str, Any]]:
+    """The record read back with the (sync) client ``client``, in order."""
+    return [json.loads(raw) for raw in client.lrange(LOG, 0, -1)]
 
 
-def holds(redis: Any) -> list[dict[str, Any]]:
+def holds(client: Any) -> list[dict[str, Any]]:
     """The ``enter`` entries, after checking that the holds never overlapped.
 
     Raises:
         AssertionError: if two holds overlapped or an exit is unmatched.
     """
-    log = entries(redis)
+    log = entries(client)
     assert len(log) % 2 == 0, log
     for enter_entry, exit_entry in zip(log[::2], log[1::2], strict=True):
         assert enter_entry["event"] == "enter" and enter_entry["active"] == 1, log

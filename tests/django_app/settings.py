@@ -21,12 +21,26 @@ DATABASES: dict[str, dict[str, str]] = {}
 
 REDIS_URL = os.environ.get("FIFOLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
+BACKENDS = {
+    "django-redis": "fifolock_django.cache.RedisCache",
+    "builtin": "fifolock_django.builtin.RedisCache",
+}
+"""The two FIFO lock backends, by the short name the tests use."""
 
-def caches_for(url: str) -> dict[str, dict[str, object]]:
-    """The ``CACHES`` setting of the test project for the Redis server at ``url``."""
+BACKEND = os.environ.get("FIFOLOCK_TEST_BACKEND", "django-redis")
+"""Which of ``BACKENDS`` the ``default`` cache of a subprocess uses."""
+
+
+def caches_for(url: str, backend: str = "django-redis") -> dict[str, dict[str, object]]:
+    """The ``CACHES`` setting of the test project for the Redis server at ``url``.
+
+    Args:
+        url: the server (``redis://host:port/db``).
+        backend: a key of ``BACKENDS``.
+    """
     return {
         "default": {
-            "BACKEND": "fifolock_django.cache.RedisCache",
+            "BACKEND": BACKENDS[backend],
             "LOCATION": url,
             "KEY_PREFIX": "tests",
             "VERSION": 3,
@@ -34,7 +48,7 @@ def caches_for(url: str) -> dict[str, dict[str, object]]:
     }
 
 
-CACHES = caches_for(REDIS_URL)
+CACHES = caches_for(REDIS_URL, BACKEND)
 
 # Small timings so that a hold of a few tenths of a second spans several polls
 # and renewals (renewal every lease_ms / 3 = 200 ms).

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django_redis import get_redis_connection
 
 from fifolock_django.commands import fifo_locked_command
 
@@ -31,7 +30,7 @@ class Command(BaseCommand):
     @fifo_locked_command(JOB_LOCK)
     def handle(self, *args: Any, **options: Any) -> None:
         lease = self.fifo_lease  # type: ignore[attr-defined]
-        redis = get_redis_connection("default")
+        redis = record.redis()
         record.enter(options["who"], lease)
         redis.rpush(ENTERED, options["who"])
         if options["hold_until"]:

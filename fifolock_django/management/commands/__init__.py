@@ -1,0 +1,1 @@
+"""``manage.py fifolock``: see ``fifolock_django.management.commands.fifolock``."""

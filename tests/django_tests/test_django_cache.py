@@ -1,0 +1,521 @@
+"""``cache.fifo_lock`` on both Redis backends: views, keys, connections, settings.
+
+Everything runs against the session's real Redis (``redis_url``) through the
+small Django project in ``tests/django_app``: Django's test clients for the
+views. Overlaps and lost updates are judged from a record kept apart from the
+lock's keys (``django_app.record``). Tests taking ``any_backend`` run once on
+django-redis's backend and once on Django's built-in one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.cache import caches
+from django.core.exceptions import ImproperlyConfigured
+from django.test import AsyncClient, Client, override_settings
+from django_app import settings as project
+from django_app.testing import assert_served_one_at_a_time, get_json, url_with_db
+from redis import Redis
+from redis.asyncio.connection import SSLConnection
+
+import fifolock_django
+from fifolock_django import builtin, cache
+from fifolock_django.lock import SupportsFifoLock, lock_cache, shared_clients
+from redis_fifo_lock import (
+    Lease,
+    LeaseLost,
+    LockSettings,
+    LockTimeout,
+    LockUsageError,
+    RedisUnavailable,
+    SyncFifoLock,
+)
+from redis_fifo_lock.testing import PrivateRedisFactory
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+REQUESTS = 8
+"""Concurrent requests per scenario; each holds the lock for HOLD_S."""
+HOLD_S = 0.3
+"""Seconds of work under the lock: three polls (POLL_MS is 100) and a renewal."""
+
+
+def custom_key(key: str, key_prefix: str, version: int) -> str:
+    """A ``KEY_FUNCTION`` that is not Django's ``prefix:version:key``."""
+    return f"{key_prefix}/v{version}/{key}"
+
+
+# --- views -----------------------------------------------------------------------------
+
+
+def test_sync_view_requests_from_many_threads_lose_no_update_and_never_overlap(
+    any_backend: str, redis: Redis
+) -> None:
+    start = threading.Barrier(REQUESTS)
+
+    def request(_: int) -> dict[str, Any]:
+        client = Client()
+        start.wait()
+        return get_json(client, f"/sync/?hold={HOLD_S}")
+
+    with ThreadPoolExecutor(REQUESTS) as pool:
+        responses = list(pool.map(request, range(REQUESTS)))
+
+    holds = assert_served_one_at_a_time(redis, REQUESTS)
+    assert sorted(r["value"] for r in responses) == list(range(1, REQUESTS + 1))
+    assert {hold["who"] for hold in holds} == {"sync"}
+
+
+async def test_async_view_requests_gathered_on_one_loop_lose_no_update_and_never_overlap(
+    any_backend: str, redis: Redis
+) -> None:
+    client = AsyncClient()
+    responses = await asyncio.gather(
+        *(client.get(f"/async/?hold={HOLD_S}") for _ in range(REQUESTS))
+    )
+
+    assert [r.status_code for r in responses] == [200] * REQUESTS
+    holds = assert_served_one_at_a_time(redis, REQUESTS)
+    assert sorted(r.json()["value"] for r in responses) == list(range(1, REQUESTS + 1))
+    assert {hold["who"] for hold in holds} == {"async"}
+
+
+async def test_sync_views_in_threads_and_async_views_on_the_loop_are_served_one_at_a_time(
+    counter_cache: Any, redis: Redis
+) -> None:
+    async_client = AsyncClient()
+    half = REQUESTS // 2
+    sync_requests = [
+        asyncio.to_thread(get_json, Client(), f"/sync/?hold={HOLD_S}") for _ in range(half)
+    ]
+    async_requests = [async_client.get(f"/async/?hold={HOLD_S}") for _ in range(half)]
+
+    await asyncio.gather(*sync_requests, *async_requests)
+
+    holds = assert_served_one_at_a_time(redis, REQUESTS)
+    assert sorted(hold["who"] for hold in holds) == ["async"] * half + ["sync"] * half
+
+
+# --- lock names are cache keys ------------------------------------------------------------
+
+
+def test_lock_keys_carry_the_cache_key_prefix_and_version(any_backend: str, redis: Redis) -> None:
+    with caches["default"].fifo_lock("reports") as lease:
+        held_keys = {key.decode() for key in redis.keys("fifolock:*")}
+    with caches["default"].fifo_lock("reports", version=7) as other_version:
+        pass
+
+    assert lease.name == "tests:3:reports"
+    assert "fifolock:{tests:3:reports}:lease" in held_keys
+    assert all(key.startswith("fifolock:{tests:3:reports}:") for key in held_keys)
+    assert other_version.name == "tests:7:reports"
+    assert redis.exists("fifolock:{tests:7:reports}:fences")
+
+
+def test_lock_names_go_through_the_cache_s_key_function(any_backend: str, redis_url: str) -> None:
+    caches_setting = project.caches_for(redis_url, any_backend)
+    caches_setting["default"]["KEY_FUNCTION"] = custom_key
+    with override_settings(CACHES=caches_setting):
+        lock = caches["default"].fifo_lock("reports")
+        assert lock.name == "tests/v3/reports" == fifolock_django.lock_name("reports")
+
+
+def test_same_name_under_another_key_prefix_is_another_lock(
+    redis_url: str, counter_cache: Any
+) -> None:
+    caches_setting = project.caches_for(redis_url)
+    caches_setting["other"] = {**caches_setting["default"], "KEY_PREFIX": "other"}
+    with (
+        override_settings(CACHES=caches_setting),
+        caches["default"].fifo_lock("reports") as mine,
+        caches["other"].fifo_lock("reports", timeout=0) as theirs,
+    ):
+        assert (mine.name, theirs.name) == ("tests:3:reports", "other:3:reports")
+
+
+def test_both_backends_on_one_server_with_the_same_prefix_share_the_lock(
+    redis_url: str, redis: Redis
+) -> None:
+    caches_setting = project.caches_for(redis_url, "django-redis")
+    caches_setting["builtin"] = project.caches_for(redis_url, "builtin")["default"]
+    with (
+        override_settings(CACHES=caches_setting),
+        caches["default"].fifo_lock("reports") as held,
+        pytest.raises(LockTimeout) as info,
+        caches["builtin"].fifo_lock("reports", timeout=0),
+    ):
+        pass
+    assert info.value.holder_fence == held.fence
+
+
+def test_a_key_prefix_with_braces_is_refused_naming_key_prefix(redis_url: str) -> None:
+    caches_setting = project.caches_for(redis_url)
+    caches_setting["default"]["KEY_PREFIX"] = "shop{eu}"
+    with override_settings(CACHES=caches_setting), pytest.raises(ImproperlyConfigured) as info:
+        caches["default"].fifo_lock("reports")
+
+    message = str(info.value)
+    assert "KEY_PREFIX" in message and "'shop{eu}:3:reports'" in message
+
+
+def test_a_bad_name_or_timeout_is_refused_before_any_io(counter_cache: Any) -> None:
+    with pytest.raises(ValueError, match="contains"):
+        counter_cache.fifo_lock("a{b}")
+    with pytest.raises(ValueError, match="timeout"):
+        counter_cache.fifo_lock("reports", timeout=-1)
+    with pytest.raises(ValueError, match="poll_ms"):
+        counter_cache.fifo_lock("reports", poll_ms=400)
+
+
+# --- lock_name: the same lock from the core or Celery -------------------------------------
+
+
+def test_lock_name_is_the_redis_name_of_the_cache_s_lock(redis_url: str, redis: Redis) -> None:
+    caches_setting = project.caches_for(redis_url)
+    caches_setting["other"] = {**caches_setting["default"], "KEY_PREFIX": "other"}
+    with override_settings(CACHES=caches_setting):
+        assert fifolock_django.lock_name("invoices") == "tests:3:invoices"
+        assert fifolock_django.lock_name("invoices", "other", version=9) == "other:9:invoices"
+        core = SyncFifoLock(redis_url, fifolock_django.lock_name("invoices"))
+        with core.hold() as held, pytest.raises(LockTimeout) as info:
+            caches["default"].fifo_lock("invoices", timeout=0).acquire()
+    assert info.value.holder_fence == held.fence
+
+
+def test_lock_name_refuses_a_cache_without_fifo_lock(redis_url: str) -> None:
+    caches_setting = project.caches_for(redis_url)
+    caches_setting["plain"] = {"BACKEND": "django.core.cache.backends.redis.RedisCache"}
+    with (
+        override_settings(CACHES=caches_setting),
+        pytest.raises(ImproperlyConfigured, match=r"'fifolock_django\.builtin\.RedisCache'"),
+    ):
+        fifolock_django.lock_name("invoices", "plain")
+
+
+# --- with, async with, acquire/release ----------------------------------------------------
+
+
+def test_a_busy_lock_times_out_in_sync_code_naming_the_holder_fence(any_backend: str) -> None:
+    cache = caches["default"]
+    with (
+        cache.fifo_lock("busy") as held,
+        pytest.raises(LockTimeout) as info,
+        cache.fifo_lock("busy", timeout=0.3),
+    ):
+        pass
+    assert info.value.holder_fence == held.fence
+    assert info.value.waited >= 0.3
+
+
+async def test_a_busy_lock_times_out_in_async_code_naming_the_holder_fence(
+    any_backend: str,
+) -> None:
+    cache = caches["default"]
+    async with cache.fifo_lock("busy") as held:
+        with pytest.raises(LockTimeout) as info:
+            async with cache.fifo_lock("busy", timeout=0.3):
+                pass
+    assert info.value.holder_fence == held.fence
+
+
+def test_a_lease_from_acquire_is_released_by_either_twin(counter_cache: Any) -> None:
+    lock = counter_cache.fifo_lock("handover", timeout=5)
+    first = lock.acquire()
+    assert lock.status().holder_fence == first.fence
+    asyncio.run(lock.arelease(first))
+
+    second = asyncio.run(lock.aacquire())
+    lock.release(second)
+    lock.release(second)  # a second release is a no-op
+
+    after = lock.status()
+    assert (first.fence, second.fence) == (1, 2)
+    assert (after.held, after.fence, after.waiting) == (False, 2, 0)
+
+
+def test_a_lease_lost_before_release_raises_lease_lost(counter_cache: Any, redis: Redis) -> None:
+    lock = counter_cache.fifo_lock("lost")
+    lease = lock.acquire()
+    redis.delete("fifolock:{tests:3:lost}:lease")  # as an eviction would
+
+    with pytest.raises(LeaseLost) as info:
+        lock.release(lease)
+    assert info.value.fence == lease.fence
+
+
+async def test_sync_forms_on_a_thread_running_an_event_loop_are_refused(
+    counter_cache: Any,
+) -> None:
+    lock = counter_cache.fifo_lock("x")
+    with pytest.raises(LockUsageError, match="async with"), lock:
+        pass
+    with pytest.raises(LockUsageError, match="aacquire"):
+        lock.acquire()
+    with pytest.raises(LockUsageError, match="astatus"):
+        lock.status()
+    assert not (await lock.astatus()).held
+
+
+def test_one_lock_object_serves_one_with_at_a_time(counter_cache: Any) -> None:
+    lock = counter_cache.fifo_lock("x")
+    with lock, pytest.raises(LockUsageError, match="already entered"), lock:
+        pass
+    with lock as lease:  # reusable once left
+        assert not lease.lost
+
+
+# --- connections ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("django-redis", {"IGNORE_EXCEPTIONS": True, "SOCKET_CONNECT_TIMEOUT": 1}),
+        ("builtin", {"socket_connect_timeout": 1}),
+    ],
+)
+def test_an_unreachable_redis_raises_even_where_the_cache_fails_open(
+    backend: str, options: dict[str, Any]
+) -> None:
+    dead = {
+        "default": {
+            "BACKEND": project.BACKENDS[backend],
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": options,
+        }
+    }
+    with override_settings(CACHES=dead):
+        cache = caches["default"]
+        if backend == "django-redis":
+            assert cache.get("anything", "fallback") == "fallback"  # the cache fails open...
+        with pytest.raises(RedisUnavailable), cache.fifo_lock("x", timeout=1):  # ...never the lock
+            pass
+        with pytest.raises(RedisUnavailable):
+            async_to_sync(cache.fifo_lock("x", timeout=1).aacquire)()
+
+
+def test_django_redis_connection_settings_come_from_location_and_options() -> None:
+    options = {
+        "USERNAME": "app",
+        "PASSWORD": "s3cret",
+        "SOCKET_TIMEOUT": 5,
+        "SOCKET_CONNECT_TIMEOUT": 2,
+        "IGNORE_EXCEPTIONS": True,
+        "CONNECTION_POOL_KWARGS": {"max_connections": 20, "connection_class": object},
+    }
+    url, kwargs = cache.connection_settings(
+        "redis://primary:6379/4,redis://replica:6379/4", options
+    )
+
+    assert url == "redis://primary:6379/4"
+    assert kwargs == {
+        "username": "app",
+        "password": "s3cret",
+        "socket_timeout": 5,
+        "socket_connect_timeout": 2,
+        "max_connections": 20,
+    }
+    assert cache.connection_settings(["redis://a/1", "redis://b/1"], {})[0] == "redis://a/1"
+
+
+def test_builtin_connection_settings_are_its_pool_options_less_the_sync_only_ones() -> None:
+    options = {
+        "db": 4,
+        "password": "s3cret",
+        "socket_timeout": 5,
+        "max_connections": 20,
+        "serializer": "django.core.cache.backends.redis.RedisSerializer",
+        "parser_class": "redis.connection.DefaultParser",
+        "pool_class": "redis.BlockingConnectionPool",
+    }
+    url, kwargs = builtin.connection_settings("redis://primary:6379;redis://replica:6379", options)
+
+    assert url == "redis://primary:6379"
+    assert kwargs == {"db": 4, "password": "s3cret", "socket_timeout": 5, "max_connections": 20}
+    assert builtin.connection_settings(["redis://a", "redis://b"], {}) == ("redis://a", {})
+
+
+@pytest.mark.parametrize(
+    ("translate", "options", "named"),
+    [
+        (cache.connection_settings, {"SENTINELS": [("localhost", 26379)]}, "SENTINELS"),
+        (
+            cache.connection_settings,
+            {"CLIENT_CLASS": "django_redis.client.SentinelClient"},
+            "CLIENT_CLASS",
+        ),
+        (
+            cache.connection_settings,
+            {"CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory"},
+            "CONNECTION_FACTORY",
+        ),
+        (
+            builtin.connection_settings,
+            {"pool_class": "redis.sentinel.SentinelConnectionPool"},
+            "SentinelConnectionPool",
+        ),
+    ],
+)
+def test_a_sentinel_set_up_is_refused_naming_the_option(
+    translate: Any, options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match="Sentinel") as info:
+        translate("redis://mymaster/0", options)
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("django-redis", {"CONNECTION_POOL_KWARGS": {"ssl_cert_reqs": "none"}}),
+        ("builtin", {"ssl_cert_reqs": "none"}),
+    ],
+)
+def test_a_rediss_location_gives_the_lock_tls_connections_with_the_cache_s_ssl_options(
+    backend: str, options: dict[str, Any]
+) -> None:
+    tls = {
+        "default": {
+            "BACKEND": project.BACKENDS[backend],
+            "LOCATION": "rediss://cache.example:6380/2",
+            "OPTIONS": options,
+        }
+    }
+
+    async def pool_of_the_lock() -> tuple[type, dict[str, Any]]:
+        pool = caches["default"].fifo_lock_clients.client().connection_pool
+        return pool.connection_class, pool.connection_kwargs
+
+    with override_settings(CACHES=tls):
+        connection_class, kwargs = asyncio.run(pool_of_the_lock())  # builds, never connects
+    assert issubclass(connection_class, SSLConnection)
+    assert (kwargs["host"], kwargs["port"], kwargs["db"]) == ("cache.example", 6380, 2)
+    assert kwargs["ssl_cert_reqs"] == "none"
+
+
+def test_backend_instances_with_the_same_settings_share_one_connection_source(
+    counter_cache: Any,
+) -> None:
+    in_thread: list[Any] = []
+    worker = threading.Thread(target=lambda: in_thread.append(caches["default"]))
+    worker.start()
+    worker.join()
+
+    assert in_thread[0] is not counter_cache  # Django made a backend per thread...
+    assert in_thread[0].fifo_lock_clients is counter_cache.fifo_lock_clients  # ...not clients
+    assert "fifo_lock_clients" not in vars(counter_cache)
+
+
+def test_the_lock_uses_the_database_in_location(
+    any_backend: str, redis_url: str, redis: Redis
+) -> None:
+    with (
+        override_settings(CACHES=project.caches_for(url_with_db(redis_url, 5), any_backend)),
+        caches["default"].fifo_lock("reports"),
+    ):
+        pass
+    db5 = Redis.from_url(url_with_db(redis_url, 5))
+    try:
+        assert db5.exists("fifolock:{tests:3:reports}:fences")
+        assert not redis.exists("fifolock:{tests:3:reports}:fences")
+    finally:
+        db5.close()
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [("django-redis", {"PASSWORD": "s3cret"}), ("builtin", {"password": "s3cret", "db": 2})],
+)
+async def test_the_lock_uses_the_credentials_in_options(
+    fresh_redis_server: PrivateRedisFactory, backend: str, options: dict[str, Any]
+) -> None:
+    server = fresh_redis_server(["--requirepass", "s3cret"])
+    location = server.url.rsplit("/", 1)[0] if "db" in options else server.url
+    caches_setting = project.caches_for(location, backend)
+    caches_setting["default"]["OPTIONS"] = options
+
+    def hold_in_sync_code() -> Lease:
+        with caches["default"].fifo_lock("reports") as lease:
+            return lease
+
+    with override_settings(CACHES=caches_setting):
+        async with caches["default"].fifo_lock("reports") as async_lease:
+            pass
+        sync_lease = await asyncio.to_thread(hold_in_sync_code)
+    assert (async_lease.fence, sync_lease.fence) == (1, 2)
+    check = Redis(host=server.host, port=server.port, password="s3cret", db=options.get("db", 0))
+    try:
+        assert check.get("fifolock:{tests:3:reports}:fences") == b"2"
+    finally:
+        check.close()
+
+
+def test_lock_cache_names_the_setting_to_fix_for_a_cache_without_fifo_lock() -> None:
+    locmem = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    assert isinstance(lock_cache(), SupportsFifoLock)
+    with pytest.raises(ImproperlyConfigured, match=r"FIFOLOCK\['CACHE'\]"):
+        lock_cache("missing")
+    with (
+        override_settings(CACHES=locmem),
+        pytest.raises(ImproperlyConfigured, match=r"set CACHES\['default'\]\['BACKEND'\]"),
+    ):
+        lock_cache()
+
+
+def test_shared_clients_are_one_per_configuration() -> None:
+    first = shared_clients("redis://127.0.0.1:1/0", socket_timeout=1)
+    assert shared_clients("redis://127.0.0.1:1/0", socket_timeout=1) is first
+    assert shared_clients("redis://127.0.0.1:1/0", socket_timeout=2) is not first
+
+
+# --- FIFOLOCK setting ------------------------------------------------------------------
+
+
+def test_fifolock_setting_is_read_each_time_a_lock_is_made(counter_cache: Any) -> None:
+    assert counter_cache.fifo_lock("x").settings == LockSettings(600, 100, 1_800_000)
+    with override_settings(FIFOLOCK={"LEASE_MS": 2000, "POLL_MS": 500, "MAX_HOLD_MS": 4000}):
+        assert counter_cache.fifo_lock("x").settings == LockSettings(2000, 500, 4000)
+    with override_settings(FIFOLOCK={}):
+        assert counter_cache.fifo_lock("x").settings == LockSettings()
+    assert counter_cache.fifo_lock("x", lease_ms=1000).settings == LockSettings(1000, 100)
+
+
+def test_pytest_django_s_settings_fixture_changes_the_lock_settings(
+    counter_cache: Any, settings: Any
+) -> None:
+    settings.FIFOLOCK = {"LEASE_MS": 3000, "POLL_MS": 1000}
+    assert counter_cache.fifo_lock("x").settings == LockSettings(3000, 1000)
+    settings.FIFOLOCK = {**settings.FIFOLOCK, "CACHE": "missing"}
+    with pytest.raises(ImproperlyConfigured, match="'missing'"):
+        lock_cache()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            {"LEASE_MS": 600, "POLL_MS": 400},
+            "FIFOLOCK['POLL_MS'] (400) must be at most half of FIFOLOCK['LEASE_MS'] (600)",
+        ),
+        (
+            {"LEASE_MS": 1.5},
+            "FIFOLOCK['LEASE_MS'] must be a whole number of milliseconds (int), got float: 1.5",
+        ),
+        ({"MAX_HOLD_MS": True}, "FIFOLOCK['MAX_HOLD_MS'] must be a whole number"),
+        ({"LEASE": 600}, "FIFOLOCK has unknown key(s) ['LEASE']"),
+        ({"CACHE": ""}, "FIFOLOCK['CACHE'] must be the alias (str) of a cache"),
+        ([("LEASE_MS", 600)], "FIFOLOCK must be a dict"),
+    ],
+)
+def test_an_invalid_fifolock_setting_is_refused_naming_the_setting(
+    counter_cache: Any, value: object, message: str
+) -> None:
+    with override_settings(FIFOLOCK=value), pytest.raises(ImproperlyConfigured) as info:
+        counter_cache.fifo_lock("x")
+    assert str(info.value).startswith(message)
