@@ -1,14 +1,21 @@
 """Celery integration of redis-fifo-lock.
 
-``@fifo_locked(name)`` (under ``@app.task``) runs a task body holding a FIFO
-lock; ``current_lease()`` gives the body its lease and fence; ``lock_for(app,
-name)`` builds a ``SyncFifoLock`` from the app's ``fifo_lock_*`` settings (see
+``@fifo_locked(name)`` (under ``@app.task``) or ``base=FifoLockedTask`` runs a
+task body holding a FIFO lock; ``policy=`` chooses what a task does when the
+lock is busy (``wait``, ``retry``, ``skip``: see ``fifolock_celery.policies``);
+``current_lease()`` gives the body its lease and fence; ``lock_for(app, name)``
+builds a ``SyncFifoLock`` from the app's ``fifo_lock_*`` settings (see
 ``fifolock_celery.settings``) for locking by hand.
+
+Importing this package also connects two worker signal receivers (start-up
+warnings, per-process clients): see ``fifolock_celery.worker``.
 """
 
+from . import worker as _worker  # noqa: F401  (connects the signal receivers)
 from .clients import clients_for, lock_for
-from .decorator import LockSpec, fifo_locked
+from .decorator import UNSET, LockSpec, fifo_locked
 from .lease import current_lease
+from .policies import CONTENTION_HEADER, SKIPPED, Policy
 from .settings import (
     LEASE_MS_SETTING,
     MAX_HOLD_MS_SETTING,
@@ -16,16 +23,24 @@ from .settings import (
     REDIS_URL_SETTING,
     LockConfig,
 )
+from .task import FifoLockedTask
+from .worker import start_warnings
 
 __all__ = [
+    "CONTENTION_HEADER",
     "LEASE_MS_SETTING",
     "MAX_HOLD_MS_SETTING",
     "POLL_MS_SETTING",
     "REDIS_URL_SETTING",
+    "SKIPPED",
+    "UNSET",
+    "FifoLockedTask",
     "LockConfig",
     "LockSpec",
+    "Policy",
     "clients_for",
     "current_lease",
     "fifo_locked",
     "lock_for",
+    "start_warnings",
 ]

@@ -3,9 +3,10 @@
 A task's lock runs on the process's ``SyncFifoLock`` portal loop, which builds
 its async client from the ``LoopClients`` kept here; no client is ever used on
 a loop other than the one it was built on. Prefork children start empty: the
-registry is dropped in the child after ``fork()`` (and ``LoopClients`` and the
-portal would rebuild themselves anyway, as they key by process id), so a child
-never shares its parent's sockets.
+registry is dropped in the child after ``fork()`` and on Celery's
+``worker_process_init`` (and ``LoopClients`` and the portal would rebuild
+themselves anyway, as they key by process id), so a child never shares its
+parent's sockets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ _registry: weakref.WeakKeyDictionary[Celery, dict[str, LoopClients]] = weakref.W
 _guard = threading.Lock()
 
 
-def _forget_after_fork() -> None:
+def forget_all() -> None:
+    """Drop every ``LoopClients`` of this process without closing them.
+
+    Runs in a child process right after ``fork()`` (and again on Celery's
+    ``worker_process_init``, see ``fifolock_celery.worker``): the parent's
+    clients and sockets belong to the parent, and the child builds its own
+    on first use. Not for use in a process whose clients are in use.
+    """
     # The parent's guard may have been held by another thread at fork time;
     # a fresh one cannot be.
     global _registry, _guard
@@ -32,7 +40,7 @@ def _forget_after_fork() -> None:
     _guard = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=forget_all)
 
 
 def _real_app(app: Celery) -> Celery:

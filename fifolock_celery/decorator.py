@@ -11,62 +11,165 @@ Usage (``@app.task`` goes on top)::
 The lock is taken when the body runs, in the worker, so tasks sent by name
 (``app.send_task``) are covered. Each execution queues with a fresh token:
 two executions of one task id (a redelivery while the first still runs) take
-turns like any two tasks.
+turns like any two tasks. ``FifoLockedTask`` (``fifolock_celery.task``) offers
+the same through ``base=``; both run ``run_locked`` below.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
 
 from celery import Task
 from celery._state import get_current_task
 
-from redis_fifo_lock import LockUsageError, SyncFifoLock
+from redis_fifo_lock import LockTimeout, LockUsageError, SyncFifoLock
 from redis_fifo_lock.lock import check_timeout
 
 from .clients import lock_for
-from .lease import holding
+from .lease import acquire, published
 from .names import NameTemplate
+from .policies import DEFAULT_COUNTDOWN_S, Policy, check_countdown, check_policy, contended, granted
 from .settings import check_ms
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class Unset(enum.Enum):
+    """Type of ``UNSET``, the default of ``timeout`` that depends on the policy."""
+
+    UNSET = "UNSET"
+
+
+UNSET = Unset.UNSET
+"""``timeout`` not given: None (wait forever) for ``wait``, 0 (try once) otherwise."""
+
+
+def check_options(
+    timeout: object,
+    policy: object,
+    countdown: object,
+    lease_ms: object,
+    poll_ms: object,
+    max_hold_ms: object,
+    *,
+    spell: Callable[[str], str] = lambda option: f"@fifo_locked({option}=...)",
+) -> tuple[float | None, Policy, float]:
+    """Check the lock options that do not depend on the function.
+
+    Args:
+        timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms: as for
+            ``fifo_locked``.
+        spell: how an option is spelled by the user, for error messages
+            (default: ``@fifo_locked(lease_ms=...)``).
+
+    Returns:
+        ``(timeout, policy, countdown)``: the timeout in seconds (float, or None
+        to wait forever) with ``UNSET`` resolved for the policy, the policy, and
+        the countdown in seconds (float).
+
+    Raises:
+        ValueError: naming the option, for any value ``fifo_locked`` refuses.
+    """
+    checked_policy = check_policy(policy)
+    checked_timeout: float | None
+    if timeout is UNSET:
+        checked_timeout = None if checked_policy == "wait" else 0.0
+    elif timeout is None and checked_policy != "wait":
+        raise ValueError(
+            f"{spell('timeout')} is None, which waits forever, so the {checked_policy!r} "
+            "policy would never apply; give a number of seconds (0 tries once)"
+        )
+    else:
+        checked_timeout = check_timeout(timeout)
+    timing = {"lease_ms": lease_ms, "poll_ms": poll_ms, "max_hold_ms": max_hold_ms}
+    for option, value in timing.items():
+        if value is not None:
+            check_ms(spell(option), value)
+    return checked_timeout, checked_policy, check_countdown(countdown)
+
+
 @dataclass(frozen=True)
 class LockSpec:
-    """What ``@fifo_locked`` was given, checked: how a task body is locked.
+    """How a task body is locked: the checked options of ``@fifo_locked`` or
+    of a ``FifoLockedTask``.
 
     Attributes:
         name: the lock name or its template (``NameTemplate``).
         timeout: seconds (float) to wait for the lock, or None to wait forever.
+        policy: what to do when ``timeout`` runs out: "wait" (fail with
+            ``LockTimeout``), "retry" or "skip" (see ``fifolock_celery.policies``).
+        countdown: seconds (float) before a task republished by "retry" runs.
         lease_ms, poll_ms, max_hold_ms: per-task overrides (int milliseconds) of
             the app's ``fifo_lock_*`` settings, or None to use the app's.
+
+    Build it with ``LockSpec.build``, which checks every value.
     """
 
     name: NameTemplate
     timeout: float | None
+    policy: Policy
+    countdown: float
     lease_ms: int | None
     poll_ms: int | None
     max_hold_ms: int | None
 
-    def lock(
-        self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> SyncFifoLock:
-        """The lock for one execution of ``task`` with these arguments.
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        func: Callable[..., Any],
+        *,
+        timeout: float | Unset | None = UNSET,
+        policy: Policy = "wait",
+        countdown: float = DEFAULT_COUNTDOWN_S,
+        lease_ms: int | None = None,
+        poll_ms: int | None = None,
+        max_hold_ms: int | None = None,
+        spell: Callable[[str], str] = lambda option: f"@fifo_locked({option}=...)",
+    ) -> LockSpec:
+        """Check the options for ``func`` and return them as a ``LockSpec``.
+
+        Args:
+            name: lock name or template (str), see ``NameTemplate``.
+            func: the task function (its signature fills the template).
+            timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms: as for
+                ``fifo_locked``.
+            spell: how an option is spelled by the user, for error messages.
+
+        Raises:
+            ValueError: naming the option, for any value ``fifo_locked``
+                refuses (see there).
+        """
+        checked_timeout, checked_policy, checked_countdown = check_options(
+            timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms, spell=spell
+        )
+        return cls(
+            NameTemplate(name, func),
+            checked_timeout,
+            checked_policy,
+            checked_countdown,
+            lease_ms,
+            poll_ms,
+            max_hold_ms,
+        )
+
+    def lock(self, task: Task[Any, Any], name: str) -> SyncFifoLock:
+        """The lock named ``name`` for one execution of ``task``.
 
         Raises:
             LockUsageError: no Redis URL configured for ``task.app``.
-            ValueError: a formatted name or a timing setting is invalid.
-            TypeError: the arguments do not fit the task function.
+            ValueError: the name or a timing setting is invalid.
         """
         return lock_for(
             task.app,
-            self.name.format(args, kwargs),
+            name,
             lease_ms=self.lease_ms,
             poll_ms=self.poll_ms,
             max_hold_ms=self.max_hold_ms,
@@ -87,14 +190,82 @@ def _running_task(args: tuple[Any, ...], spec: LockSpec) -> Task[Any, Any]:
     return task
 
 
+def run_locked(
+    spec: LockSpec, func: Callable[..., R], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> R | str:
+    """Run ``func(*args, **kwargs)`` as the body of the current task, holding its lock.
+
+    Returns:
+        What ``func`` returns, or ``SKIPPED`` when the "skip" policy skipped it.
+
+    Raises:
+        What ``func`` raises, and what ``fifo_locked`` documents.
+    """
+    task = _running_task(args, spec)
+    lock = spec.lock(task, spec.name.format(args, kwargs, task.name))
+    started = time.monotonic()
+    try:
+        lease = acquire(lock, spec.timeout)
+    except LockTimeout as busy:
+        return contended(task, spec.policy, spec.countdown, busy)
+    granted(task, spec.policy, lease, time.monotonic() - started)
+    with published(lock, lease):
+        return func(*args, **kwargs)
+
+
+def locked_function(func: Callable[P, R], spec: LockSpec) -> Callable[P, R | str]:
+    """``func`` wrapped to run under ``spec``'s lock (the work of ``@fifo_locked``).
+
+    The wrapper keeps ``func``'s signature (Celery checks call arguments with
+    it) and carries ``spec`` as its ``fifo_lock_spec`` attribute.
+    """
+
+    @functools.wraps(func)
+    def locked(*args: P.args, **kwargs: P.kwargs) -> R | str:
+        return run_locked(spec, func, args, kwargs)
+
+    # Give Celery the real signature rather than (*args, **kwargs).
+    locked.__signature__ = spec.name.signature  # type: ignore[attr-defined]
+    locked.fifo_lock_spec = spec  # type: ignore[attr-defined]
+    return locked
+
+
+@overload
 def fifo_locked(
     name: str,
-    timeout: float | None = None,
+    timeout: float | Unset | None = ...,
     *,
+    policy: Literal["wait", "retry"] = ...,
+    countdown: float = ...,
+    lease_ms: int | None = ...,
+    poll_ms: int | None = ...,
+    max_hold_ms: int | None = ...,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+@overload
+def fifo_locked(
+    name: str,
+    timeout: float | Unset | None = ...,
+    *,
+    policy: Policy,
+    countdown: float = ...,
+    lease_ms: int | None = ...,
+    poll_ms: int | None = ...,
+    max_hold_ms: int | None = ...,
+) -> Callable[[Callable[P, R]], Callable[P, R | str]]: ...
+
+
+def fifo_locked(
+    name: str,
+    timeout: float | Unset | None = UNSET,
+    *,
+    policy: Policy = "wait",
+    countdown: float = DEFAULT_COUNTDOWN_S,
     lease_ms: int | None = None,
     poll_ms: int | None = None,
     max_hold_ms: int | None = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
+) -> Callable[[Callable[P, R]], Callable[P, R]] | Callable[[Callable[P, R]], Callable[P, R | str]]:
     """Decorate a Celery task function so that its body runs holding a FIFO lock.
 
     Put it under ``@app.task`` (or ``@shared_task``). While the body runs the
@@ -109,9 +280,16 @@ def fifo_locked(
             function's parameters, e.g. ``"invoice-{invoice_id}"``: arguments are
             bound with their defaults applied, so positional, keyword and default
             calls give the same name.
-        timeout: seconds (float) to wait for the lock; None (default) waits
-            forever. When it runs out the task fails with
-            ``redis_fifo_lock.LockTimeout`` (a ``TimeoutError``).
+        timeout: seconds (float) to wait for the lock before ``policy`` applies;
+            None waits forever (``wait`` only). Default: None for ``wait``, 0
+            (try once) for ``retry`` and ``skip``.
+        policy: what a task does when the lock stays busy for ``timeout``:
+            ``"wait"`` (default) fails with ``LockTimeout``; ``"retry"``
+            republishes the task to run after ``countdown`` seconds without
+            spending ``max_retries``; ``"skip"`` returns ``SKIPPED`` without
+            running the body. See ``fifolock_celery.policies``.
+        countdown: seconds (float) before a task republished by ``"retry"``
+            runs again; default 5.0.
         lease_ms, poll_ms, max_hold_ms: overrides (int milliseconds) of the app's
             ``fifo_lock_lease_ms`` / ``fifo_lock_poll_ms`` / ``fifo_lock_max_hold_ms``
             for this task; None (default) uses the app's (see
@@ -123,12 +301,16 @@ def fifo_locked(
 
     Raises (at decoration):
         ValueError: a template naming a parameter the function does not take, a
-            positional ``{}`` field, a name that can never be valid, a bad
-            ``timeout`` or a timing option that is not a positive int.
+            positional ``{}`` field, a name that can never be valid, an unknown
+            ``policy``, a bad ``timeout`` or ``countdown``, ``timeout=None``
+            with ``retry`` or ``skip``, or a timing option that is not a
+            positive int.
         TypeError: applied on top of ``@app.task`` or to an ``async def``.
 
     The task then raises (at run time), besides what the body raises:
-        LockTimeout: ``timeout`` ran out; nothing is left queued.
+        LockTimeout: ``timeout`` ran out under the ``wait`` policy (or under
+            ``retry`` in an eager call); nothing is left queued.
+        celery.exceptions.Retry: the ``retry`` policy republished the task.
         RedisUnavailable: Redis could not be reached to acquire or release.
         LeaseLost: at release, the lease had been lost while the body ran (it
             outlived ``max_hold_ms``, or the process stalled beyond ``lease_ms``):
@@ -136,16 +318,12 @@ def fifo_locked(
             loud; it replaces the body's own exception, which stays attached as
             ``__context__``.
         LockUsageError: no Redis URL configured (the message names
-            ``fifo_lock_redis_url``), or the body re-entered its own lock.
+            ``fifo_lock_redis_url``), the body re-entered its own lock, or the
+            name cannot be filled from the call (the message names the task).
         ValueError: the formatted name or the merged timing settings are invalid.
     """
-    checked_timeout = check_timeout(timeout)
-    options = {"lease_ms": lease_ms, "poll_ms": poll_ms, "max_hold_ms": max_hold_ms}
-    for option, value in options.items():
-        if value is not None:
-            check_ms(f"@fifo_locked({option}=...)", value)
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+    def decorate(func: Callable[P, R]) -> Callable[P, R | str]:
         if isinstance(func, Task):
             raise TypeError(
                 f"@fifo_locked({name!r}) was applied to the task {func.name}; put it under "
@@ -156,18 +334,19 @@ def fifo_locked(
                 f"@fifo_locked({name!r}) cannot lock the async function {func.__qualname__}: "
                 "Celery runs task bodies synchronously"
             )
-        spec = LockSpec(NameTemplate(name, func), checked_timeout, lease_ms, poll_ms, max_hold_ms)
+        spec = LockSpec.build(
+            name,
+            func,
+            timeout=timeout,
+            policy=policy,
+            countdown=countdown,
+            lease_ms=lease_ms,
+            poll_ms=poll_ms,
+            max_hold_ms=max_hold_ms,
+        )
+        return locked_function(func, spec)
 
-        @functools.wraps(func)
-        def locked(*args: P.args, **kwargs: P.kwargs) -> R:
-            lock = spec.lock(_running_task(args, spec), args, kwargs)
-            with holding(lock, spec.timeout):
-                return func(*args, **kwargs)
-
-        # Celery checks call arguments against the function's signature; give it
-        # the real one rather than (*args, **kwargs).
-        locked.__signature__ = spec.name.signature  # type: ignore[attr-defined]
-        locked.fifo_lock_spec = spec  # type: ignore[attr-defined]
-        return locked
-
+    # Checked before any function is seen, so a bad option fails at the
+    # decorator's own line.
+    check_options(timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms)
     return decorate

@@ -1,8 +1,8 @@
 """The lease of the running task body: ``current_lease()``.
 
 A ``ContextVar`` holds the leases held by the current context (innermost
-last). It is set only while a ``@fifo_locked`` body runs, so a worker thread
-that runs many tasks never sees a previous task's lease.
+last). It is set only while a locked body runs, so a worker thread that runs
+many tasks never sees a previous task's lease.
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ NO_LOCK = "(none)"
 
 
 def current_lease() -> Lease:
-    """The ``Lease`` of the innermost ``@fifo_locked`` body running in this context.
+    """The ``Lease`` of the innermost locked task body running in this context.
 
     Use ``current_lease().fence`` to fence writes to the resource the lock
     guards, and ``current_lease().lost`` (bool) to notice that the lease was
-    lost while the body runs.
+    lost while the body runs. Works for ``@fifo_locked`` functions and
+    ``FifoLockedTask`` tasks alike.
 
     Raises:
-        LockUsageError: when no ``@fifo_locked`` body is running (outside a task,
-            or in a task that is not decorated).
+        LockUsageError: when no locked body is running (outside a task, or in a
+            task that is not locked).
     """
     held = _held.get()
     if not held:
@@ -40,34 +41,46 @@ def current_lease() -> Lease:
     return held[-1]
 
 
-@contextmanager
-def holding(lock: SyncFifoLock, timeout: float | None) -> Iterator[Lease]:
-    """Acquire ``lock``, publish the lease to ``current_lease()``, always release.
+def acquire(lock: SyncFifoLock, timeout: float | None) -> Lease:
+    """Acquire ``lock`` unless this context already holds it.
 
     Args:
-        lock: the lock to hold.
+        lock: the lock to take.
         timeout: seconds (float) to wait for it; None waits forever.
 
     Raises:
         LockUsageError: the same lock name is already held in this context
             (acquiring it again would wait for itself forever).
         LockTimeout, RedisUnavailable: from ``SyncFifoLock.acquire``.
-        LeaseLost: from ``SyncFifoLock.release``, on the way out, when the lease
-            was lost while the block ran; it replaces an exception the block
-            raised (which stays attached as ``__context__``).
     """
-    held = _held.get()
-    for lease in held:
+    for lease in _held.get():
         if lease.name == lock.name:
             raise LockUsageError(
                 lock.name,
                 f"already held in this task (fence {lease.fence}); acquiring it again "
                 "would wait for itself forever - call the undecorated function instead",
             )
-    lease = lock.acquire(timeout)
-    published = _held.set((*held, lease))
+    return lock.acquire(timeout)
+
+
+@contextmanager
+def published(lock: SyncFifoLock, lease: Lease) -> Iterator[Lease]:
+    """Publish ``lease`` to ``current_lease()`` for the block, then always release it.
+
+    Args:
+        lock: the lock that granted ``lease``.
+        lease: the lease, as returned by ``acquire``.
+
+    Raises:
+        LeaseLost: from ``SyncFifoLock.release``, on the way out, when the lease
+            was lost while the block ran; it replaces an exception the block
+            raised (which stays attached as ``__context__``).
+        RedisUnavailable: the release could not reach Redis (the lease then
+            expires within ``lease_ms``).
+    """
+    token = _held.set((*_held.get(), lease))
     try:
         yield lease
     finally:
-        _held.reset(published)
+        _held.reset(token)
         lock.release(lease)

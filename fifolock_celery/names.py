@@ -5,16 +5,24 @@ function (attribute and index access allowed: ``"{order.id}"``,
 ``"{kwargs[region]}"``). Arguments are bound with ``inspect.signature`` and
 their defaults applied, so ``f(1)``, ``f(invoice_id=1)`` and a default value all
 give the same name. A name without fields is used as it is.
+
+Checked when the task is decorated: fields naming a parameter the function
+lacks. Checked when the task runs (the error names the task): a field that a
+function taking ``**kwargs`` did not receive, attribute or index access that
+fails, and a value whose text would differ in another process (a ``set``, or
+an object shown by its memory address), which would give two workers two
+different locks for the same call.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from string import Formatter
 from typing import Any
 
+from redis_fifo_lock import LockUsageError
 from redis_fifo_lock.settings import check_name
 
 
@@ -31,18 +39,53 @@ def _fields(template: str) -> Iterator[tuple[str, str | None]]:
             yield from _fields(spec)
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+"""How ``object.__repr__`` shows an object: by an address private to one process."""
+
+
+_PLAIN = (str, int, float, bool, type(None))
+"""Values whose text is the same in every process (all that JSON can carry, but lists and dicts)."""
+
+
+class _StableFormatter(Formatter):
+    """``str.format`` that refuses values whose text depends on the process."""
+
+    def get_field(self, field_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        value, root = super().get_field(field_name, args, kwargs)
+        if isinstance(value, _PLAIN):
+            return value, root
+        if isinstance(value, (set, frozenset)):
+            raise _Unstable(field_name, f"is a {type(value).__name__}, whose order is not fixed")
+        for text in (str(value), repr(value)):
+            if _ADDRESS.search(text):
+                raise _Unstable(field_name, f"shows as {text!r}, with a memory address")
+        return value, root
+
+
+class _Unstable(Exception):
+    """A field's value would format differently in another process."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(field, why)
+        self.field = field
+        self.why = why
+
+
 class NameTemplate:
     """A lock name, possibly with ``{parameter}`` fields, checked against a function.
 
     Args:
         template: the name or template (str).
-        func: the task function whose parameters the fields name.
+        func: the task function whose parameters the fields name. When it takes
+            ``**kwargs``, a field may also name a keyword argument that only
+            ``**kwargs`` receives; that one is checked at run time.
 
     Raises:
         ValueError: when the template is malformed, has a positional field
-            (``{}``, ``{0}``), names a parameter ``func`` does not take, or its
-            fixed text could never make a valid lock name (for example it
-            contains ``{{`` or a control character).
+            (``{}``, ``{0}``), names a parameter ``func`` does not take (and
+            ``func`` has no ``**kwargs``), or its fixed text could never make a
+            valid lock name (for example it contains ``{{`` or a control
+            character).
     """
 
     def __init__(self, template: str, func: Callable[..., Any]) -> None:
@@ -59,12 +102,18 @@ class NameTemplate:
         if any(root == "" or root.isdigit() for root in roots):
             raise ValueError(f"{where} has a positional field ({{}} or {{0}}); name the parameter")
         self.fields = frozenset(roots)
-        missing = sorted(self.fields - self.signature.parameters.keys())
-        if missing:
+        parameters = self.signature.parameters
+        self.var_keyword: str | None = next(
+            (p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD),
+            None,
+        )
+        missing = sorted(self.fields - parameters.keys())
+        if missing and self.var_keyword is None:
             raise ValueError(
                 f"{where} names {', '.join(missing)}, which the function does not take; "
-                f"its parameters are: {', '.join(self.signature.parameters) or '(none)'}"
+                f"its parameters are: {', '.join(parameters) or '(none)'}"
             )
+        self.from_var_keyword = frozenset(missing)
         # Check the fixed text now, with every field standing in as "x"; the
         # formatted name is checked again at run time.
         try:
@@ -75,18 +124,53 @@ class NameTemplate:
     def __repr__(self) -> str:
         return f"<NameTemplate {self.template!r}>"
 
-    def format(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    def format(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], task: str = "") -> str:
         """The lock name for one call of the function.
 
         Args:
             args, kwargs: the call's positional and keyword arguments.
+            task: the task's name (str), put in error messages; default "".
 
         Raises:
             TypeError: the arguments do not fit the function's signature (as
-                calling the function would).
+                calling the function would); the message names the task.
+            LockUsageError: a field cannot be filled from this call (a keyword
+                that ``**kwargs`` did not receive, a failing ``.attribute`` or
+                ``[index]``), or its value would format differently in another
+                process (a set, an object shown by address). The error's
+                ``name`` is the template; the message names the task.
         """
         if not self.fields:
             return self.template
-        bound = self.signature.bind(*args, **kwargs)
+        who = f"task {task}" if task else "the task"
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{who}: cannot fill lock name {self.template!r}: {exc}") from None
         bound.apply_defaults()
-        return self.template.format_map(bound.arguments)
+        values = dict(bound.arguments)
+        extra: Mapping[str, Any] = values.get(self.var_keyword, {}) if self.var_keyword else {}
+        for field in self.from_var_keyword:
+            if field not in extra:
+                raise LockUsageError(
+                    self.template,
+                    f"{who} was called without {field!r}, which the lock name needs; pass "
+                    f"{field}=... to every call (it reaches the function through "
+                    f"**{self.var_keyword}), or name a parameter of the function instead",
+                )
+            values[field] = extra[field]
+        try:
+            return _StableFormatter().vformat(self.template, (), values)
+        except _Unstable as exc:
+            raise LockUsageError(
+                self.template,
+                f"in {who}, field {{{exc.field}}} {exc.why}: the same call would get another "
+                "lock name in another process; name something with a stable text instead, "
+                "such as an id attribute ({order.id}) or a sorted list",
+            ) from None
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise LockUsageError(
+                self.template,
+                f"{who}: cannot fill the lock name from this call's arguments: "
+                f"{type(exc).__name__}: {exc}",
+            ) from None

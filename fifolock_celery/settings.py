@@ -13,7 +13,8 @@ capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
 ================================  ==================================================
 
 The timing settings mean what they mean for ``redis_fifo_lock.FifoLock``; a
-``@fifo_locked(...)`` option overrides the app's value for that task.
+``@fifo_locked(...)`` option (or the ``fifo_lock_*`` attribute of the same name
+on a ``FifoLockedTask``) overrides the app's value for that task.
 """
 
 from __future__ import annotations

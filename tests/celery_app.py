@@ -1,4 +1,4 @@
-"""The Celery app and tasks that ``tests/test_celery.py`` runs in a real worker.
+"""The Celery app and tasks that the Celery tests (``tests/celery_tests``) run in real workers.
 
 A worker loads it with ``celery -A tests.celery_app worker``; the test process
 imports it to send tasks. Both call ``configure(base_url)``: the worker from
@@ -7,36 +7,65 @@ server the broker uses database 1 (and so do the locks: no
 ``fifo_lock_redis_url`` is set, so the broker URL is the default), results
 database 2, and the tasks' record database 3.
 
+``$FIFOLOCK_CELERY_PROFILE=redelivery`` gives a worker a one-second Redis
+``visibility_timeout`` swept every second, and makes it consume only the
+``redelivery`` queue, so that an ``acks_late`` task still running after a
+second is delivered again.
+
 The record is kept by plain synchronous redis-py, independent of the lock: a
 locked body appends an ``enter`` entry right after it got the lock and an
 ``exit`` entry right before it gives it back, each with the lease's fence and
 ticket, the pid and thread, and ``time.monotonic_ns()`` (one clock for every
 process of this machine). It also pushes the fence to ``<log>:entered`` and
 ``<log>:done`` so a test can BLPOP for progress instead of sleeping.
+
+Log records of the ``fifolock_celery`` logger are copied to the record too, as
+JSON on the list ``logs:<lock name>`` (``logs:worker`` for records about no
+lock), by a handler the worker installs on ``worker_init``; each record also
+pushes an item to ``logs:<lock name>:new``, for a test to BLPOP.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery, Task, current_task
 from celery.signals import worker_init
 from redis import Redis
 
-from fifolock_celery import current_lease, fifo_locked, lock_for
+from fifolock_celery import FifoLockedTask, current_lease, fifo_locked, lock_for
+from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, RedisUnavailable
+from redis_fifo_lock.protocol import LockKeys
 
 URL_ENV = "FIFOLOCK_CELERY_REDIS"
+PROFILE_ENV = "FIFOLOCK_CELERY_PROFILE"
 BROKER_DB, RESULT_DB, RECORD_DB = 1, 2, 3
 LEASE_MS, POLL_MS = 600, 100
 HOLD_MS = 300
 GATE_TIMEOUT_S = 30
+COUNTDOWN_S = 0.2
+"""Countdown (seconds) of the retry-policy tasks."""
+TIME_LIMIT_S = 3
+"""Hard time limit (seconds) of ``hold_until_killed``."""
+WAITER_TIME_LIMIT_S = 1
+"""Hard time limit (seconds) of ``wait_until_killed``."""
+REDELIVERY_QUEUE = "redelivery"
+VISIBILITY_TIMEOUT_S = 1
+"""The redelivery profile's Redis visibility timeout, in seconds."""
+LONG_LIMIT_S, SHORT_HOLD_MS = 30, 5000
+"""``limited_beyond_max_hold``: its time limit (s) is longer than its max_hold_ms."""
 
 app = Celery("tests.celery_app")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def db_url(url: str, db: int) -> str:
@@ -45,8 +74,13 @@ def db_url(url: str, db: int) -> str:
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 
-def configure(base_url: str) -> None:
-    """Point ``app`` at the Redis server of ``base_url`` (any database)."""
+def configure(base_url: str, profile: str = "") -> None:
+    """Point ``app`` at the Redis server of ``base_url`` (any database).
+
+    Args:
+        base_url: a Redis URL (str) of the test server.
+        profile: "" (default) or "redelivery" (see the module docstring).
+    """
     app.conf.update(
         broker_url=db_url(base_url, BROKER_DB),
         result_backend=db_url(base_url, RESULT_DB),
@@ -58,10 +92,19 @@ def configure(base_url: str) -> None:
         worker_hijack_root_logger=False,
         task_track_started=True,
     )
+    if profile == "redelivery":
+        app.conf.update(
+            broker_transport_options={
+                "visibility_timeout": VISIBILITY_TIMEOUT_S,
+                "unacked_restore_interval": 1,
+                "unacked_restore_throttle": 1,
+            },
+            task_default_queue=REDELIVERY_QUEUE,
+        )
 
 
 if os.environ.get(URL_ENV):
-    configure(os.environ[URL_ENV])
+    configure(os.environ[URL_ENV], os.environ.get(PROFILE_ENV, ""))
 
 _record: Redis | None = None
 WARMED_UP_IN: int | None = None
@@ -78,6 +121,7 @@ def record_client() -> Redis:
 def note(log: str, event: str, **extra: Any) -> None:
     """Append an ``event`` ("enter" or "exit") of the current lease to ``log``."""
     lease = current_lease()
+    request = current_task.request
     entry = {
         "event": event,
         "lock": lease.name,
@@ -85,8 +129,9 @@ def note(log: str, event: str, **extra: Any) -> None:
         "ticket": lease.ticket,
         "pid": os.getpid(),
         "thread": threading.get_ident(),
-        "task_id": current_task.request.id,
-        "retries": current_task.request.retries,
+        "task_id": request.id,
+        "retries": request.retries,
+        "redelivered": bool((request.delivery_info or {}).get("redelivered")),
         "ns": time.monotonic_ns(),
         **extra,
     }
@@ -95,14 +140,39 @@ def note(log: str, event: str, **extra: Any) -> None:
     client.rpush(f"{log}:{'entered' if event == 'enter' else 'done'}", lease.fence)
 
 
+class RecordLogHandler(logging.Handler):
+    """Copies ``fifolock_celery`` log records to the record (see the module docstring)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lock = getattr(record, "fifo_lock", None)
+        entry = {
+            "level": record.levelname,
+            "message": record.getMessage(),
+            "lock": lock,
+            "policy": getattr(record, "fifo_lock_policy", None),
+            "task_id": getattr(record, "task_id", None),
+            "pid": os.getpid(),
+        }
+        key = f"logs:{lock or 'worker'}"
+        try:
+            record_client().pipeline().rpush(key, json.dumps(entry)).rpush(
+                f"{key}:new", 1
+            ).execute()
+        except Exception:
+            self.handleError(record)
+
+
 @worker_init.connect
-def use_a_lock_before_forking(**_: Any) -> None:
-    """Take a lock in the worker's main process, before the pool forks.
+def prepare_the_worker(**_: Any) -> None:
+    """Copy log records to the record, and take a lock before the pool forks.
 
     Prefork children then inherit a started portal and built ``LoopClients``,
     which they must not use: this proves they rebuild their own.
     """
     global WARMED_UP_IN
+    logger = logging.getLogger("fifolock_celery")
+    logger.addHandler(RecordLogHandler())
+    logger.setLevel(logging.INFO)
     with lock_for(app, f"warm-up-{os.getpid()}").hold(timeout=10):
         WARMED_UP_IN = os.getpid()
 
@@ -117,6 +187,9 @@ def ping() -> dict[str, Any]:
     }
 
 
+# -- one lock, many ways to call and declare it ---------------------------------
+
+
 @app.task(bind=True)
 @fifo_locked("invoice-{invoice_id}")
 def hold_invoice(self: Task[Any, Any], log: str, invoice_id: str, hold_ms: int = HOLD_MS) -> str:
@@ -125,6 +198,85 @@ def hold_invoice(self: Task[Any, Any], log: str, invoice_id: str, hold_ms: int =
     time.sleep(hold_ms / 1000)  # the "work" done under the lock
     note(log, "exit")
     return current_lease().name
+
+
+@app.task
+@fifo_locked("region-{region}-{invoice_id}")
+def hold_region(log: str, invoice_id: str, region: str = "eu", *, hold_ms: int = 0) -> str:
+    """Unbound, with a defaulted parameter in the name; return the lock name."""
+    note(log, "enter")
+    time.sleep(hold_ms / 1000)
+    note(log, "exit")
+    return current_lease().name
+
+
+class Flaky(Exception):
+    """Raised by ``autoretried`` on its first run."""
+
+
+@app.task(bind=True, autoretry_for=(Flaky,), max_retries=1, default_retry_delay=0)
+@fifo_locked("auto-{key}")
+def autoretried(self: Task[Any, Any], log: str, key: str) -> str:
+    """Fails with ``Flaky`` at first (``autoretry_for`` retries it), then succeeds."""
+    note(log, "enter")
+    note(log, "exit")
+    if self.request.retries == 0:
+        raise Flaky("first run")
+    return current_lease().name
+
+
+def traced(func: F) -> F:
+    """Another decorator, passing arguments through as ``(*args, **kwargs)``."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.task
+@fifo_locked("deco-{key}")
+@traced
+def locked_over_another_decorator(log: str, key: str, suffix: str = "") -> str:
+    """``@fifo_locked`` on top of another decorator; return the lock name."""
+    note(log, "enter")
+    note(log, "exit")
+    return current_lease().name
+
+
+@app.task
+@traced
+@fifo_locked("deco-{key}")
+def locked_under_another_decorator(log: str, key: str, suffix: str = "") -> str:
+    """Another decorator between ``@app.task`` and ``@fifo_locked``; return the lock name."""
+    note(log, "enter")
+    note(log, "exit")
+    return current_lease().name
+
+
+@app.task(base=FifoLockedTask, bind=True, fifo_lock_name="invoice-{invoice_id}")
+def hold_invoice_by_base(self: Task[Any, Any], log: str, invoice_id: str) -> str:
+    """``hold_invoice``'s lock through ``base=FifoLockedTask``; return the lock name."""
+    note(log, "enter")
+    time.sleep(HOLD_MS / 1000)
+    note(log, "exit")
+    return current_lease().name
+
+
+class SkippingTask(FifoLockedTask):
+    """A base class with lock options as class attributes."""
+
+    fifo_lock_name = "gate-{key}"
+    fifo_lock_policy = "skip"
+
+
+@app.task(base=SkippingTask)
+def skip_gate_by_base(log: str, key: str) -> int:
+    """Like ``skip_gate``, declared through a ``FifoLockedTask`` subclass."""
+    note(log, "enter")
+    note(log, "exit")
+    return current_lease().fence
 
 
 @app.task(bind=True, max_retries=1)
@@ -154,13 +306,25 @@ def lease_left(key: str) -> int | None:
     return lock_for(app, current_lease().name).status().lease_left_ms
 
 
+# -- gates: hold a lock until the test says so ------------------------------------
+
+
+def wait_for_gate(gate: str) -> bool:
+    """Block until ``gate`` is opened (a list holding an item), leave it open."""
+    client = record_client()
+    opened = client.blpop([gate], timeout=GATE_TIMEOUT_S)
+    if opened is not None:
+        client.rpush(gate, opened[1])  # open for whoever comes next
+    return opened is not None
+
+
 @app.task
 @fifo_locked("gate-{key}")
 def hold_until_gate(log: str, key: str, gate: str) -> int:
-    """Hold ``gate-<key>`` until an item is pushed to the list ``gate``."""
+    """Hold ``gate-<key>`` until the list ``gate`` gets an item; return the fence."""
     note(log, "enter")
-    opened = record_client().blpop([gate], timeout=GATE_TIMEOUT_S)
-    note(log, "exit", opened=opened is not None)
+    opened = wait_for_gate(gate)
+    note(log, "exit", opened=opened)
     return current_lease().fence
 
 
@@ -180,3 +344,87 @@ def try_gate(log: str, key: str) -> int:
     note(log, "enter")
     note(log, "exit")
     return current_lease().fence
+
+
+@app.task(bind=True, max_retries=0)
+@fifo_locked("gate-{key}", policy="retry", countdown=COUNTDOWN_S)
+def retry_gate(self: Task[Any, Any], log: str, key: str) -> dict[str, Any]:
+    """Retry policy with ``max_retries=0``: contention must not spend retries."""
+    note(log, "enter")
+    note(log, "exit")
+    headers = self.request.headers or {}
+    return {"fence": current_lease().fence, "retries": self.request.retries, "headers": headers}
+
+
+@app.task
+@fifo_locked("gate-{key}", policy="skip")
+def skip_gate(log: str, key: str) -> int:
+    """Skip policy: returns ``SKIPPED`` when ``gate-<key>`` is busy."""
+    note(log, "enter")
+    note(log, "exit")
+    return current_lease().fence
+
+
+# -- crashes, redelivery, errors ---------------------------------------------------
+
+
+@app.task(time_limit=TIME_LIMIT_S)
+@fifo_locked("gate-{key}")
+def hold_until_killed(log: str, key: str, gate: str) -> int:
+    """Like ``hold_until_gate``, with a hard time limit of ``TIME_LIMIT_S`` seconds."""
+    note(log, "enter")
+    opened = wait_for_gate(gate)
+    note(log, "exit", opened=opened)
+    return current_lease().fence
+
+
+@app.task(time_limit=WAITER_TIME_LIMIT_S)
+@fifo_locked("gate-{key}")
+def wait_until_killed(log: str, key: str, gate: str) -> int:
+    """Like ``hold_until_killed``, with a hard time limit of ``WAITER_TIME_LIMIT_S`` seconds."""
+    note(log, "enter")
+    opened = wait_for_gate(gate)
+    note(log, "exit", opened=opened)
+    return current_lease().fence
+
+
+@app.task(bind=True, acks_late=True, time_limit=LONG_LIMIT_S)
+@fifo_locked("gate-{key}")
+def hold_acks_late(self: Task[Any, Any], log: str, key: str, gate: str) -> int:
+    """``acks_late``: the first delivery holds until ``gate`` opens, redeliveries pass."""
+    note(log, "enter")
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    opened = redelivered or wait_for_gate(gate)
+    note(log, "exit", opened=opened)
+    return current_lease().fence
+
+
+@app.task(time_limit=LONG_LIMIT_S)
+@fifo_locked("long-{key}", max_hold_ms=SHORT_HOLD_MS)
+def limited_beyond_max_hold(key: str) -> None:
+    """Misconfigured on purpose: the worker warns at start (time_limit > max_hold_ms)."""
+
+
+@app.task
+@fifo_locked("lose-{key}")
+def lose_the_lease(key: str) -> None:
+    """Deletes its own lease key, so the release raises ``LeaseLost``."""
+    client = Redis.from_url(app.conf.broker_url)  # the locks live in the broker database
+    try:
+        client.delete(LockKeys(current_lease().name).key("lease"))
+    finally:
+        client.close()
+
+
+ERRORS: dict[str, Callable[[], Exception]] = {
+    "LeaseLost": lambda: LeaseLost("raised", "on purpose", fence=7, token="t"),
+    "LockTimeout": lambda: LockTimeout("raised", "on purpose", waited=1.5, holder_fence=3),
+    "RedisUnavailable": lambda: RedisUnavailable("raised", "on purpose", cause=OSError("x")),
+    "LockUsageError": lambda: LockUsageError("raised", "on purpose"),
+}
+
+
+@app.task
+def raise_error(kind: str) -> None:
+    """Raise one of our exceptions (``ERRORS``), built with its attributes."""
+    raise ERRORS[kind]()

@@ -1,0 +1,269 @@
+"""Real Celery workers for the tests, and the record their tasks keep.
+
+``running_worker`` starts ``celery -A tests.celery_app worker`` as a subprocess
+in a session of its own, counts it as started only once a ping task has
+round-tripped through that very worker, and stops it with a bounded warm
+shutdown that fails loudly (naming the knob to raise) and leaves no process
+behind. ``Log`` reads what the tasks wrote to the record (see
+``tests/celery_app.py``); ``assert_serial`` checks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.exceptions import TimeoutError as ResultTimeout
+from redis import Redis
+
+from tests import celery_app as tasks
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+WORKER_START_TIMEOUT_S = 30.0
+"""Seconds a worker may take to answer its first ping task."""
+WORKER_STOP_TIMEOUT_S = 15.0
+"""Seconds a worker may take to stop after SIGTERM (warm shutdown)."""
+RESULT_TIMEOUT_S = 20.0
+"""Seconds to wait for one task result or record entry."""
+CONCURRENCY = 4
+
+
+@dataclass
+class Worker:
+    """A running ``celery worker`` subprocess."""
+
+    pool: str
+    hostname: str
+    process: subprocess.Popen[bytes]
+    logfile: Path
+    main_pid: int
+    warmed_up_in: int | None = None
+
+    def log_text(self) -> str:
+        """Everything the worker printed so far (str)."""
+        return self.logfile.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines the worker printed (str)."""
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop(worker: Worker) -> None:
+    """Warm shutdown with a bound; fails loudly, and leaves no process behind."""
+    process = worker.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + WORKER_STOP_TIMEOUT_S
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=WORKER_STOP_TIMEOUT_S)
+    # Its pool's children may outlive it by a moment; nothing signals their end.
+    while _group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process.returncode == 0 and not _group_alive(process.pid):
+        return
+    if _group_alive(process.pid):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=5)
+    pytest.fail(
+        f"{worker.pool} worker did not stop cleanly within {WORKER_STOP_TIMEOUT_S} s of "
+        f"SIGTERM (exit code {process.returncode}; raise WORKER_STOP_TIMEOUT_S if it needs "
+        f"longer):\n{worker.log_tail()}"
+    )
+
+
+@contextlib.contextmanager
+def running_worker(
+    base_url: str,
+    pool: str,
+    logdir: Path,
+    *,
+    concurrency: int = CONCURRENCY,
+    profile: str = "",
+    queue: str | None = None,
+) -> Iterator[Worker]:
+    """A started worker of ``tests.celery_app``, stopped when the block ends.
+
+    Args:
+        base_url: the Redis server (str URL) of the tests (see ``tasks.configure``).
+        pool: the ``--pool`` (str): prefork, threads, solo, gevent or eventlet.
+        logdir: where the worker's output goes (``worker-<pool>.log``).
+        concurrency: ``--concurrency`` (int); default 4.
+        profile: ``$FIFOLOCK_CELERY_PROFILE`` (str) of the worker; default "".
+        queue: the queue (str) to send the readiness ping to; default: the
+            app's default queue.
+    """
+    hostname = f"fifolock-{pool}-{uuid.uuid4().hex[:8]}@localhost"
+    logfile = logdir / f"worker-{pool}{'-' + profile if profile else ''}.log"
+    env = {**os.environ, tasks.URL_ENV: base_url, tasks.PROFILE_ENV: profile}
+    with logfile.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery_app",
+                "worker",
+                f"--pool={pool}",
+                f"--concurrency={concurrency}",
+                f"--hostname={hostname}",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = Worker(pool, hostname, process, logfile, process.pid)
+    try:
+        worker.warmed_up_in = _ping(worker, queue)
+        yield worker
+    finally:
+        _stop(worker)
+
+
+def _ping(worker: Worker, queue: str | None) -> int | None:
+    """Wait until a ping task round-trips through ``worker``; return its ``warmed_up_in``."""
+    probe = tasks.ping.apply_async(queue=queue)
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+    while True:
+        if worker.process.poll() is not None:
+            pytest.fail(
+                f"{worker.pool} worker exited with {worker.process.returncode}:\n"
+                f"{worker.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"{worker.pool} worker did not answer a ping task within "
+                f"{WORKER_START_TIMEOUT_S} s (raise WORKER_START_TIMEOUT_S):\n{worker.log_tail()}"
+            )
+        try:
+            reply: dict[str, Any] = probe.get(timeout=0.5)
+        except ResultTimeout:
+            continue
+        assert reply["hostname"] == worker.hostname, f"another worker answered: {reply}"
+        warmed: int | None = reply["warmed_up_in"]
+        return warmed
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One execution's hold, from its enter and exit entries."""
+
+    lock: str
+    fence: int
+    ticket: int
+    pid: int
+    thread: int
+    task_id: str
+    retries: int
+    redelivered: bool
+    entered_ns: int
+    exited_ns: int
+
+    FROM_ENTRY = ("lock", "fence", "ticket", "pid", "thread", "task_id", "retries", "redelivered")
+
+    def overlaps(self, other: Hold) -> bool:
+        """Whether the two holds were inside at the same moment."""
+        return self.entered_ns < other.exited_ns and other.entered_ns < self.exited_ns
+
+
+class Log:
+    """The record of one test, in the record database (see tests/celery_app.py)."""
+
+    def __init__(self, client: Redis, key: str) -> None:
+        self.client = client
+        self.key = key
+        self.gate = f"{key}:gate"
+        """A list that ``hold_until_gate`` and friends wait on; ``open_gate`` fills it."""
+
+    def wait(self, what: str, count: int) -> list[int]:
+        """BLPOP ``count`` fences from ``<key>:<what>`` ("entered" or "done")."""
+        fences = []
+        for _ in range(count):
+            item = self.client.blpop([f"{self.key}:{what}"], timeout=RESULT_TIMEOUT_S)
+            assert item is not None, f"no {what!r} entry within {RESULT_TIMEOUT_S} s"
+            fences.append(int(item[1]))
+        return fences
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every enter and exit entry so far, in order of writing."""
+        return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
+
+    def holds(self) -> list[Hold]:
+        """Every completed hold, in order of entry."""
+        entered: dict[tuple[str, int], dict[str, Any]] = {}
+        holds = []
+        for entry in self.entries():
+            key = (entry["lock"], entry["fence"])
+            if entry["event"] == "enter":
+                entered[key] = entry
+                continue
+            start = entered.pop(key)
+            holds.append(
+                Hold(
+                    **{name: entry[name] for name in Hold.FROM_ENTRY},
+                    entered_ns=start["ns"],
+                    exited_ns=entry["ns"],
+                )
+            )
+        return sorted(holds, key=lambda hold: hold.entered_ns)
+
+    def open_gate(self) -> None:
+        """Let every task waiting on ``gate`` go on (the gate stays open)."""
+        self.client.rpush(self.gate, "open")
+
+    def log_records(self, lock: str, count: int = 0) -> list[dict[str, Any]]:
+        """Every ``fifolock_celery`` log record about ``lock`` (str; "worker" for
+        records about no lock), once ``count`` (int) more have arrived."""
+        for _ in range(count):
+            item = self.client.blpop([f"logs:{lock}:new"], timeout=RESULT_TIMEOUT_S)
+            assert item is not None, f"no new log record for {lock!r} within {RESULT_TIMEOUT_S} s"
+        return [json.loads(raw) for raw in self.client.lrange(f"logs:{lock}", 0, -1)]
+
+    def cleanup(self, *locks: str) -> None:
+        """Delete this test's keys, and the log records about ``locks``."""
+        self.client.delete(
+            self.key,
+            f"{self.key}:entered",
+            f"{self.key}:done",
+            self.gate,
+            *(f"logs:{lock}{suffix}" for lock in locks for suffix in ("", ":new")),
+        )
+
+
+def assert_serial(holds: list[Hold]) -> None:
+    """No two holds overlap; fences and tickets increase in order of entry."""
+    for before, after in itertools.pairwise(holds):
+        assert before.exited_ns <= after.entered_ns, f"overlap: {before} and {after}"
+        assert before.fence < after.fence, f"fence went down: {before} then {after}"
+        assert before.ticket < after.ticket, f"ticket went down: {before} then {after}"
+
+
+def unique(prefix: str) -> str:
+    """``prefix`` with a random suffix: a lock key no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
