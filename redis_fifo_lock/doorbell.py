@@ -1,8 +1,10 @@
 """The doorbell: one pub/sub subscription per client, shared by all its waiters.
 
-Every grant made by a script is published on the lock's doorbell channel as
-``"<token> <fence> <ticket> <pttl_ms>"``. A process subscribes to the channel of each lock
-it has waiters on and routes each ring to that lock's local waiters. The
+Every grant made by a script is published as ``"<token> <fence> <ticket> <pttl_ms>"``
+on the doorbell channel of the session that waits for it,
+``fifolock:{<name>}:doorbell:<session>``, so a grant wakes only the process it
+is for, however many processes wait. A process subscribes to the channel of
+each of its wait groups and routes each ring to that group's waiters. The
 doorbell is only an optimisation: a lost ring costs latency, never correctness,
 because every waiting process also polls (see ``waiting.py``).
 """
@@ -32,8 +34,8 @@ class Doorbell:
     to one callback per channel. Holds one connection while anything is watched.
     """
 
-    def __init__(self, client: Redis) -> None:
-        self._client = client
+    def __init__(self, client: Callable[[], Redis | None]) -> None:
+        self._client = client  # a weak reference, as the hub holds it
         self._handlers: dict[str, Ring] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self._pubsub: PubSub | None = None
@@ -52,7 +54,10 @@ class Doorbell:
             self._handlers[channel] = ring
             confirmed = self._confirmed.setdefault(channel, asyncio.Event())
             if self._pubsub is None:
-                self._pubsub = self._client.pubsub()
+                client = self._client()
+                if client is None:
+                    raise RuntimeError("the doorbell's Redis client was garbage-collected")
+                self._pubsub = client.pubsub()
             await self._pubsub.subscribe(channel)
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read(self._pubsub))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 
 class Lease:
@@ -30,7 +32,7 @@ class Lease:
         self.released = False
         self.lost_reason: str | None = None
         self._lost = asyncio.Event()
-        self._renewal: asyncio.Task[None] | None = None
+        self._renewal: Renewal | None = None
 
     @property
     def lost(self) -> bool:
@@ -56,6 +58,42 @@ class Lease:
             f"<Lease {self.name!r} fence={self.fence} ticket={self.ticket} "
             f"token={self.token!r} {state}>"
         )
+
+
+class Renewal:
+    """The background renewal of one lease: a timer until the first renewal is
+    due, then a task running ``start()``.
+
+    A timer costs a fraction of a task, and most holds end before their first
+    renewal (a third of ``lease_ms``), so a grant and its release create no task
+    at all. Use only on ``loop``'s thread.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        first_at: float,
+        start: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        self.loop = loop
+        self._start = start
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._timer = loop.call_at(first_at, self._fire)
+
+    def _fire(self) -> None:
+        if not self._stopped:
+            self._task = self.loop.create_task(self._start())
+
+    def cancel(self) -> asyncio.Task[None] | None:
+        """Stop renewing: no renewal starts from now on, and a running one is
+        cancelled (its reply, if any, is ignored). Returns the cancelled task, if
+        one ran, for the caller to await."""
+        self._stopped = True
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        return self._task
 
 
 @dataclass(frozen=True)

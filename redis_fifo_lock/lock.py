@@ -26,7 +26,7 @@ import redis
 from redis.asyncio import Redis
 
 from .errors import LeaseLost, LockTimeout, LockUsageError, RedisUnavailable
-from .lease import Lease, LockStatus
+from .lease import Lease, LockStatus, Renewal
 from .protocol import (
     GAVE_BACK,
     NOT_HELD,
@@ -42,6 +42,9 @@ from .waiting import Hub, Waiter, WaitGroup, hub_for
 log = logging.getLogger("redis_fifo_lock")
 
 MAX_TOKEN_LENGTH = 128
+RENEW_REPLY_FLOOR_S = 0.05
+"""Shortest wait for a renewal's reply, in seconds, even when the lease is about
+to end (at ``max_hold_ms`` Redis's answer says why)."""
 RENEW_RETRY_S = 0.5
 """Pause before a renewal that could not reach Redis is tried again, in seconds."""
 
@@ -171,7 +174,7 @@ class FifoLock:
             if grant is None:
                 group.holder_fence = holder_fence or None
                 if wait_s == 0:
-                    await self._withdraw(hub, token)
+                    await asyncio.shield(self._withdraw(hub, token))
                     raise self._timed_out(group, started, wait_s)
                 group.wait(waiter, ticket)
                 grant = await self._wait(group, waiter, started, wait_s)
@@ -196,18 +199,29 @@ class FifoLock:
         self, group: WaitGroup, waiter: Waiter, started: float, wait_s: float | None
     ) -> Grant:
         loop = asyncio.get_running_loop()
-        remaining = None if wait_s is None else max(0.0, started + wait_s - loop.time())
+        # The timeout is a timer that resolves the waiter's future with None, so
+        # that this task awaits the future itself: a ring wakes it in one loop
+        # iteration (asyncio.wait would take two), on the hand-off's critical path.
+        timer = None if wait_s is None else loop.call_at(started + wait_s, waiter.give_up)
         try:
-            done, _ = await asyncio.wait({waiter.future}, timeout=remaining)
+            grant = await waiter.future
         except asyncio.CancelledError:
+            # Cancelled before the grant (withdraw leaves the queue) or after it
+            # (withdraw gives the grant back and hands it on): one call for both.
             await asyncio.shield(self._withdraw(group.hub, waiter.token))
             raise
-        if done:
-            return waiter.future.result()
-        await self._withdraw(group.hub, waiter.token)
-        raise self._timed_out(group, started, wait_s)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if grant is not None:
+            return grant
+        # Shielded like every withdrawal: an outer cancellation while it waits
+        # for a call slot must not leave the request queued (it would be granted
+        # to nobody and stall the lock).
+        await asyncio.shield(self._withdraw(group.hub, waiter.token))
+        raise self._timed_out(group, started, wait_s or 0.0)
 
-    def _timed_out(self, group: WaitGroup, started: float, wait_s: float | None) -> LockTimeout:
+    def _timed_out(self, group: WaitGroup, started: float, wait_s: float) -> LockTimeout:
         waited = asyncio.get_running_loop().time() - started
         return LockTimeout(
             self.name,
@@ -241,12 +255,19 @@ class FifoLock:
 
     def _start_lease(self, hub: Hub, token: str, grant: Grant) -> Lease:
         lease = Lease(self.name, token, grant.fence, grant.ticket)
-        granted_at = asyncio.get_running_loop().time()
-        lease._renewal = asyncio.create_task(self._renew(hub, lease, granted_at, grant.pttl_ms))
+        loop = asyncio.get_running_loop()
+        granted_at = loop.time()
+        first_at = granted_at + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
+        lease._renewal = Renewal(
+            loop, first_at, lambda: self._renew(hub, lease, granted_at, grant.pttl_ms)
+        )
         return lease
 
     async def _renew(self, hub: Hub, lease: Lease, granted_at: float, pttl_ms: int) -> None:
-        """Keep ``lease`` alive until released; mark it lost when Redis refuses."""
+        """Keep ``lease`` alive until released; mark it lost when Redis refuses.
+
+        Started by the lease's ``Renewal`` timer when the first renewal is due.
+        """
         loop = asyncio.get_running_loop()
         settings = self.settings
         interval = settings.renew_every_s
@@ -265,13 +286,16 @@ class FifoLock:
                 )
             sent = loop.time()
             try:
-                async with hub.calls:
-                    outcome, pttl_ms = await self._protocol.renew(
-                        hub.client, self.keys, lease.token, lease.fence, settings.lease_ms
-                    )
-            except RedisUnavailable as exc:
+                # Bounded by the lease's remaining life: a holder cut off from
+                # Redis must learn it lost the lock when the lease expires, not
+                # whenever the client's own timeouts give up.
+                outcome, pttl_ms = await asyncio.wait_for(
+                    self._renew_once(hub, lease), max(RENEW_REPLY_FLOOR_S, expires_at - sent)
+                )
+            except (RedisUnavailable, asyncio.TimeoutError) as exc:
                 if loop.time() >= expires_at:
-                    self._lose(lease, f"Redis unreachable for the whole lease ({exc.cause})")
+                    cause = getattr(exc, "cause", None) or "no reply"
+                    self._lose(lease, f"Redis unreachable until the lease expired ({cause})")
                     return
                 next_at = loop.time() + min(RENEW_RETRY_S, interval)
                 continue
@@ -285,6 +309,12 @@ class FifoLock:
                 return
             expires_at = sent + pttl_ms / 1000
             next_at = sent + min(interval, pttl_ms / 2000)
+
+    async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
+        async with hub.calls:
+            return await self._protocol.renew(
+                hub.client, self.keys, lease.token, lease.fence, self.settings.lease_ms
+            )
 
     def _lose(self, lease: Lease, reason: str) -> None:
         lease.mark_lost(reason)
@@ -311,18 +341,22 @@ class FifoLock:
             )
         if lease.released:
             return
-        renewal = lease._renewal
-        if renewal is not None and renewal.get_loop() is asyncio.get_running_loop():
-            renewal.cancel()
-            await asyncio.gather(renewal, return_exceptions=True)
-        elif renewal is not None and not renewal.get_loop().is_closed():
-            renewal.get_loop().call_soon_threadsafe(renewal.cancel)
+        renewal, stopped = lease._renewal, None
+        if renewal is not None and renewal.loop is asyncio.get_running_loop():
+            # Not awaited before the release is sent: a renewal cut off now never
+            # reads its reply, and Redis refuses a renewal that runs after the
+            # release, so it can neither revive the lease nor mark it lost.
+            stopped = renewal.cancel()
+        elif renewal is not None and not renewal.loop.is_closed():
+            renewal.loop.call_soon_threadsafe(renewal.cancel)
         # else: the loop that acquired the lease is closed (as after an
         # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
         async with hub.calls:
             outcome = await self._protocol.release(hub.client, self.keys, lease.token, lease.fence)
         lease.released = True
+        if stopped is not None and not stopped.done():
+            await asyncio.gather(stopped, return_exceptions=True)
         if outcome == NOT_HELD:
             reason = lease.lost_reason or "the lease expired or was taken before release"
             lease.mark_lost(reason)

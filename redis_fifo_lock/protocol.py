@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from importlib.resources import files
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from .errors import RedisUnavailable
 
@@ -35,16 +36,24 @@ class LockKeys:
         """The full Redis key for ``part`` (e.g. ``"queue"``) of this lock."""
         return f"{KEY_PREFIX}:{{{self.name}}}:{part}"
 
-    @property
+    @cached_property
     def all(self) -> list[str]:
-        """The seven keys in the order every script expects them (see lib.lua)."""
+        """The seven keys in the order every script expects them (see lib.lua).
+
+        Built once per ``LockKeys`` (every script call passes them); treat the
+        list as read-only.
+        """
         parts = ("queue", "waiters", "alive", "lease", "tickets", "fences", "released")
         return [self.key(part) for part in parts]
 
-    @property
+    @cached_property
     def doorbell(self) -> str:
-        """The pub/sub channel rung on every grant."""
+        """Prefix of the pub/sub channels rung on grants (passed to the scripts)."""
         return self.key("doorbell")
+
+    def doorbell_of(self, session: str) -> str:
+        """The channel on which grants to ``session``'s waiters are rung."""
+        return f"{self.doorbell}:{session}"
 
 
 class Script:
@@ -118,6 +127,13 @@ class Protocol:
     async def _call(self, client: Redis, keys: LockKeys, script: str, *args: Any) -> Any:
         try:
             return await self.scripts[script].run(client, keys.all, list(args))
+        except ResponseError as exc:
+            raise RedisUnavailable(
+                keys.name,
+                f"Redis refused the {script} script: {exc}; if it names a key of this lock, "
+                "something other than the lock wrote to it",
+                cause=exc,
+            ) from exc
         except RedisError as exc:
             raise RedisUnavailable(
                 keys.name,

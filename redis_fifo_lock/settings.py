@@ -7,6 +7,11 @@ from dataclasses import dataclass
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in bytes of UTF-8."""
 
+MAX_MS = 31_536_000_000
+"""Largest duration accepted for any setting: 365 days, in milliseconds. (The
+scripts do integer arithmetic on server time plus these values; far larger
+numbers would lose precision in Lua.)"""
+
 
 def check_name(name: object) -> str:
     """Return ``name`` if it can name a lock, else raise ``ValueError`` saying why.
@@ -26,7 +31,10 @@ def check_name(name: object) -> str:
         )
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
         raise ValueError(f"lock name {name!r} contains control characters")
-    size = len(name.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"lock name {name!r} is not valid Unicode text: {exc.reason}") from exc
     if size > MAX_NAME_BYTES:
         raise ValueError(
             f"lock name {name[:40]!r}... is {size} bytes long; the limit is {MAX_NAME_BYTES}"
@@ -42,6 +50,8 @@ def _positive_ms(setting: str, value: object) -> int:
         )
     if value <= 0:
         raise ValueError(f"{setting} must be positive, got {value}")
+    if value > MAX_MS:
+        raise ValueError(f"{setting} must be at most {MAX_MS} (365 days), got {value}")
     return value
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from redis.asyncio import Redis
+
 from .clients import LoopClients
 from .errors import LockUsageError
 from .lease import Lease, LockStatus
@@ -38,12 +40,20 @@ class Portal:
         )
         self.thread.start()
 
-    def call(self, name: str, func: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    def call(
+        self,
+        name: str,
+        func: Callable[[], Coroutine[Any, Any, T]],
+        undo: Callable[[T], Coroutine[Any, Any, object]] | None = None,
+    ) -> T:
         """Run ``func()`` on the portal loop and return its result in this thread.
 
         If this thread is interrupted while waiting (KeyboardInterrupt, a signal
-        handler raising), the coroutine is cancelled and given up to
-        ``CANCEL_GRACE_S`` seconds to clean up (withdraw from the queue) first.
+        handler raising, Celery's soft time limit), the coroutine is cancelled
+        and given up to ``CANCEL_GRACE_S`` seconds to clean up (withdraw from
+        the queue) first. If it had already finished, its result never reaches
+        the caller, so ``undo(result)`` runs instead (e.g. releasing a lease
+        that was granted just as the caller was interrupted).
 
         Raises:
             LockUsageError: when called from the portal thread itself.
@@ -54,14 +64,31 @@ class Portal:
                 "the sync lock was called from its own event-loop thread, where it would "
                 "deadlock; in async code use FifoLock and await it",
             )
-        future = asyncio.run_coroutine_threadsafe(func(), self.loop)
+        # The task is created and watched on the loop (not through a
+        # concurrent future, whose cancel() would drop a result that lands at
+        # the same moment), so an interrupted caller can see how it ended.
+        finished = threading.Event()
+        started: list[asyncio.Task[T]] = []
+
+        def start() -> None:
+            task = self.loop.create_task(func())
+            task.add_done_callback(lambda _: finished.set())
+            started.append(task)
+
+        self.loop.call_soon_threadsafe(start)
         try:
-            return future.result()
+            finished.wait()
         except BaseException:
-            if not future.done():
-                future.cancel()
-                concurrent.futures.wait([future], timeout=CANCEL_GRACE_S)
+            # start() was queued before this, so the task exists when it runs.
+            self.loop.call_soon_threadsafe(lambda: started[0].cancel())
+            finished.wait(CANCEL_GRACE_S)
+            task = started[0] if started else None
+            succeeded = task is not None and task.done() and not task.cancelled()
+            if undo is not None and task is not None and succeeded and task.exception() is None:
+                undone = asyncio.run_coroutine_threadsafe(undo(task.result()), self.loop)
+                concurrent.futures.wait([undone], timeout=CANCEL_GRACE_S)
             raise
+        return started[0].result()
 
 
 _portal: Portal | None = None
@@ -119,19 +146,28 @@ class SyncFifoLock:
         self.clients = (
             connection if isinstance(connection, LoopClients) else LoopClients(connection)
         )
+        self._core: tuple[Redis, FifoLock] | None = None
 
     def __repr__(self) -> str:
         return f"<SyncFifoLock {self.name!r} lease_ms={self.settings.lease_ms}>"
 
     def _lock(self) -> FifoLock:
-        settings = self.settings
-        return FifoLock(
-            self.clients.client(),
-            self.name,
-            lease_ms=settings.lease_ms,
-            poll_ms=settings.poll_ms,
-            max_hold_ms=settings.max_hold_ms,
-        )
+        """The core lock on the running (portal) loop's client, built once per client."""
+        client = self.clients.client()
+        core = self._core
+        if core is None or core[0] is not client:
+            settings = self.settings
+            core = self._core = (
+                client,
+                FifoLock(
+                    client,
+                    self.name,
+                    lease_ms=settings.lease_ms,
+                    poll_ms=settings.poll_ms,
+                    max_hold_ms=settings.max_hold_ms,
+                ),
+            )
+        return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Block until granted; see ``FifoLock.acquire`` (same arguments and errors)."""
@@ -139,7 +175,10 @@ class SyncFifoLock:
         async def run() -> Lease:
             return await self._lock().acquire(timeout, token=token)
 
-        return portal().call(self.name, run)
+        async def give_back(lease: Lease) -> None:
+            await self._lock().release(lease)
+
+        return portal().call(self.name, run, undo=give_back)
 
     def release(self, lease: Lease) -> None:
         """Release ``lease``; see ``FifoLock.release`` (same errors)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import weakref
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from .doorbell import Doorbell
-from .errors import RedisUnavailable
+from .errors import LockUsageError, RedisUnavailable
 from .protocol import Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
@@ -42,11 +43,17 @@ EVICTING_POLICIES = ("allkeys-", "volatile-")
 
 @dataclass
 class Waiter:
-    """One local request waiting for its grant."""
+    """One local request waiting for its grant (``future``'s result; None when
+    its timeout ran out first)."""
 
     token: str
-    future: asyncio.Future[Grant]
+    future: asyncio.Future[Grant | None]
     ticket: int | None = None
+
+    def give_up(self) -> None:
+        """The timeout ran out: resolve ``future`` with None unless a grant came first."""
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 @dataclass
@@ -64,7 +71,19 @@ class WaitGroup:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def join(self, token: str) -> Waiter:
-        """Register ``token`` before its acquire is sent, so no ring is missed."""
+        """Register ``token`` before its acquire is sent, so no ring is missed.
+
+        Raises:
+            LockUsageError: ``token`` is already waiting in this process: one
+                token must name one request at a time.
+        """
+        if token in self.waiters:
+            raise LockUsageError(
+                self.keys.name,
+                f"token {token!r} is already waiting for this lock in this process; a "
+                "token identifies one request: retry with it only after the first "
+                "acquire returned or raised",
+            )
         waiter = Waiter(token, asyncio.get_running_loop().create_future())
         self.waiters[token] = waiter
         return waiter
@@ -123,21 +142,24 @@ class WaitGroup:
         finally:
             self._poller = None
             if watching:
-                await self.hub.doorbell.unwatch(self.keys.doorbell, self.ring)
+                await self.hub.doorbell.unwatch(self.keys.doorbell_of(self.session), self.ring)
 
     async def _watch(self) -> bool:
+        channel = self.keys.doorbell_of(self.session)
         try:
+            # Half a lease at most: the first poll waits for this, and must still
+            # come before a grant made meanwhile could expire.
             await asyncio.wait_for(
-                self.hub.doorbell.watch(self.keys.doorbell, self.ring),
-                self.settings.poll_ms / 1000,
+                self.hub.doorbell.watch(channel, self.ring), self.settings.lease_ms / 2000
             )
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             log.warning(
                 "FIFO lock %r: doorbell unavailable (%s); waiters rely on polling every %d ms",
                 self.keys.name,
-                exc,
+                repr(exc),
                 self.settings.poll_ms,
             )
+            await self.hub.doorbell.unwatch(channel, self.ring)
             return False
         return True
 
@@ -188,15 +210,28 @@ class WaitGroup:
 
 
 class Hub:
-    """Per-client (and so per event loop and process) state shared by all locks."""
+    """Per-client (and so per event loop and process) state shared by all locks.
+
+    Holds its client weakly: the hub is stored in a WeakKeyDictionary keyed by
+    the client, and a strong reference back would keep every client (and its
+    event loop) alive forever, one per ``asyncio.run`` or ``async_to_sync``.
+    """
 
     def __init__(self, client: Redis) -> None:
-        self.client = client
+        self._client = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
-        self.doorbell = Doorbell(client)
+        self.doorbell = Doorbell(self._client)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
         self._policy_checked = False
+
+    @property
+    def client(self) -> Redis:
+        """The client; it is alive while any lock or lease that uses it is."""
+        client = self._client()
+        if client is None:
+            raise RuntimeError("the Redis client of this hub was garbage-collected")
+        return client
 
     def group(self, keys: LockKeys, settings: LockSettings, protocol: Protocol) -> WaitGroup:
         """The wait group of this lock, created on first use."""
@@ -212,10 +247,15 @@ class Hub:
             del self.groups[(group.keys, group.settings)]
 
     async def check_eviction_policy(self, name: str) -> None:
-        """Once per client: warn (naming lock ``name``) if the server may evict keys."""
-        if self._policy_checked:
+        """Once per server and process: warn (naming lock ``name``) if the server
+        may evict keys. (Per server, not per client: ``async_to_sync`` makes a
+        client per call, and each would pay a round trip.)"""
+        server = _server_of(self.client)
+        if self._policy_checked or server in _checked_servers:
             return
         self._policy_checked = True
+        if server is not None:
+            _checked_servers.add(server)
         try:
             async with self.calls:
                 reply = await self.client.config_get("maxmemory-policy")
@@ -224,6 +264,7 @@ class Hub:
             return
         except RedisError:
             self._policy_checked = False
+            _checked_servers.discard(server)
             return
         policy = next(iter(reply.values()), "")
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
@@ -239,6 +280,18 @@ class Hub:
 
 
 _hubs: weakref.WeakKeyDictionary[Redis, Hub] = weakref.WeakKeyDictionary()
+
+_checked_servers: set[tuple[object, ...]] = set()
+"""Servers whose eviction policy this process has checked, by address."""
+
+
+def _server_of(client: Redis) -> tuple[object, ...] | None:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    address = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
+    return (os.getpid(), *address)
 
 
 def hub_for(client: Redis) -> Hub:

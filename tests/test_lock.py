@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -391,6 +392,9 @@ async def test_an_unreachable_server_raises_our_typed_error() -> None:
         ("", {}, "empty"),
         ("a{b}", {}, "hash tag"),
         ("x" * 2000, {}, "limit"),
+        ("\ud800", {}, "Unicode"),
+        ("ok", {"max_hold_ms": 10**14}, "max_hold_ms"),
+        ("ok", {"lease_ms": 10**14, "poll_ms": 100}, "lease_ms"),
         ("ok", {"lease_ms": 0, "poll_ms": 1}, "lease_ms"),
         ("ok", {"lease_ms": -5}, "lease_ms"),
         ("ok", {"lease_ms": 1.5}, "lease_ms"),
@@ -449,3 +453,93 @@ def test_the_contender_helper_exits_cleanly(redis_url: str, tmp_path: Path) -> N
     proc = contender(redis_url, tmp_path / "r", "--name", "solo")
     assert proc.wait(timeout=30) == 0
     assert os.path.exists(tmp_path / "r")
+
+
+async def test_one_token_cannot_wait_twice_in_one_process(aredis: Redis) -> None:
+    lock = fast_lock(aredis)
+    holder = await lock.acquire()
+    first = asyncio.create_task(lock.acquire(token="twice"))
+    await queued(aredis, lock, "twice")
+    with pytest.raises(LockUsageError, match="already waiting"):
+        await lock.acquire(token="twice")
+    await lock.release(holder)
+    await lock.release(await first)
+
+
+async def test_a_holder_cut_off_from_redis_learns_it_lost_the_lease_when_it_expires(
+    aredis: Redis, redis_url: str
+) -> None:
+    import redis as sync_redis
+
+    lock = fast_lock(aredis, "cut-off", lease_ms=600, poll_ms=100)
+    lease = await lock.acquire()
+    pauser = sync_redis.Redis.from_url(redis_url)
+    started = time.monotonic()
+    pauser.execute_command("CLIENT", "PAUSE", "2500", "ALL")  # the fault: Redis goes silent
+    try:
+        await asyncio.wait_for(lease.wait_lost(), timeout=2)
+        assert time.monotonic() - started < 1.5
+        assert "expired" in (lease.lost_reason or "")
+    finally:
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.close()
+    with pytest.raises(LeaseLost):
+        await lock.release(lease)
+
+
+async def test_an_outer_cancellation_racing_a_timeout_leaves_no_ghost(aredis: Redis) -> None:
+    lock = fast_lock(aredis, lease_ms=5000, poll_ms=1000)
+    holder = await lock.acquire()
+
+    async def impatient(inner: float, outer: float) -> None:
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(lock.acquire(timeout=inner), outer)
+
+    await asyncio.gather(*(impatient(0.2, 0.2 + i / 1000) for i in range(20)))
+    await lock.release(holder)
+    assert (await lock.status()).waiting == 0
+    started = time.monotonic()
+    await lock.release(await lock.acquire(timeout=2))
+    assert time.monotonic() - started < 0.5
+
+
+async def test_waiters_with_different_settings_on_one_name_are_woken_at_once(
+    aredis: Redis,
+) -> None:
+    slow_polls = {"lease_ms": 20_000, "poll_ms": 10_000}
+    first = FifoLock(aredis, "mixed", **slow_polls)
+    second = FifoLock(aredis, "mixed", lease_ms=30_000, poll_ms=10_000)
+    holder = await first.acquire()
+    waiting = [asyncio.create_task(first.acquire()), asyncio.create_task(second.acquire())]
+    await until(lambda: mixed_queued(first), "both are queued")
+    started = time.monotonic()
+    await first.release(holder)
+    for granted in asyncio.as_completed(waiting):
+        lease = await granted
+        await FifoLock(aredis, "mixed", **slow_polls).release(lease)
+    assert time.monotonic() - started < 2
+
+
+async def mixed_queued(lock: FifoLock) -> bool:
+    return (await lock.status()).waiting == 2
+
+
+def test_event_loops_and_their_clients_are_not_kept_alive(redis_url: str) -> None:
+    import gc
+    import weakref
+
+    from redis_fifo_lock import LoopClients
+
+    clients = LoopClients(redis_url)
+    used: list[weakref.ref[Redis]] = []
+
+    async def use() -> None:
+        client = clients.client()
+        used.append(weakref.ref(client))
+        async with FifoLock(client, "gc", **FAST).hold():
+            pass
+
+    for _ in range(20):
+        asyncio.run(use())
+    gc.collect()
+    assert [ref for ref in used if ref() is not None] == []

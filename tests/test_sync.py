@@ -90,3 +90,34 @@ def test_a_forked_child_builds_its_own_portal_and_client(redis_url: str) -> None
     assert child.exitcode == 0
     with lock.hold() as lease:
         assert lease.fence == 3
+
+
+class Interrupted(Exception):
+    """Raised by a signal handler, as KeyboardInterrupt or a soft time limit is."""
+
+
+def test_an_interrupted_sync_acquire_never_leaves_the_lock_held(redis_url: str) -> None:
+    import random
+    import signal
+
+    lock = SyncFifoLock(redis_url, "interrupted", lease_ms=600, poll_ms=100)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    rng = random.Random(7)
+    try:
+        for _ in range(60):
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0001, 0.003))
+            try:
+                lease = lock.acquire()
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except Interrupted:
+                continue
+            lock.release(lease)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    status = lock.status()
+    assert (status.held, status.waiting) == (False, 0), status

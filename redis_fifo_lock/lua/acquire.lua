@@ -2,7 +2,7 @@
 -- is free and we are the first live waiter, in one step.
 --
 -- KEYS: the seven lock keys, see lib.lua.
--- ARGV[1] doorbell channel name
+-- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
 -- ARGV[2] request token (the caller's identity for this request)
 -- ARGV[3] session id of the calling process (its liveness record)
 -- ARGV[4] lease_ms: lease length in milliseconds for a grant to this request

@@ -39,7 +39,9 @@ end
 -- their process died, and one pass skips all of them. The grant's lease lasts
 -- lease_ms, or less when the waiter's liveness runs out sooner, so a grant to a
 -- waiter that died a moment ago stalls the lock no longer than its liveness.
--- Rings the doorbell with "<token> <fence> <ticket> <pttl_ms>". Returns the new grant as
+-- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
+-- with "<token> <fence> <ticket> <pttl_ms>": only the process that waits for this
+-- grant is woken, however many other processes wait. Returns the new grant as
 -- {token, fence, ticket, pttl_ms}, or nil if nothing was granted.
 local function grant_next(now, doorbell)
     if redis.call('EXISTS', K_LEASE) == 1 then
@@ -66,7 +68,8 @@ local function grant_next(now, doorbell)
             redis.call('HSET', K_LEASE, 'token', token, 'fence', fence, 'ticket', ticket,
                 'deadline', now + tonumber(max_hold_ms))
             redis.call('PEXPIRE', K_LEASE, ttl)
-            redis.call('PUBLISH', doorbell, token .. ' ' .. fence .. ' ' .. ticket .. ' ' .. ttl)
+            redis.call('PUBLISH', doorbell .. ':' .. session,
+                token .. ' ' .. fence .. ' ' .. ticket .. ' ' .. ttl)
             return {token, fence, ticket, ttl}
         end
         -- Dead waiter (or an entry whose metadata was lost): skipped.

@@ -3,7 +3,7 @@
 -- the authority: it works with no doorbell at all), and reports the state.
 --
 -- KEYS: the seven lock keys, see lib.lua.
--- ARGV[1] doorbell channel name
+-- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
 -- ARGV[2] session id of the polling process
 -- ARGV[3] alive_ms: how long the session counts as alive from now, in milliseconds
 --

@@ -2,7 +2,7 @@
 -- waiter, in one step.
 --
 -- KEYS: the seven lock keys, see lib.lua.
--- ARGV[1] doorbell channel name
+-- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
 -- ARGV[2] request token of the lease
 -- ARGV[3] fence of the lease
 --

@@ -3,7 +3,7 @@
 -- back and handed to the next waiter at once, so the lock never stalls.
 --
 -- KEYS: the seven lock keys, see lib.lua.
--- ARGV[1] doorbell channel name
+-- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
 -- ARGV[2] request token
 --
 -- Returns:
