@@ -15,11 +15,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from .protocol import Grant
+from .protocol import AsyncClient, Grant
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,7 @@ class Doorbell:
     to one callback per channel. Holds one connection while anything is watched.
     """
 
-    def __init__(self, client: Callable[[], Redis | None]) -> None:
+    def __init__(self, client: Callable[[], AsyncClient | None]) -> None:
         self._client = client  # a weak reference, as the hub holds it
         self._handlers: dict[str, Ring] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
@@ -57,6 +56,11 @@ class Doorbell:
                 client = self._client()
                 if client is None:
                     raise RuntimeError("the doorbell's Redis client was garbage-collected")
+                # On Redis Cluster this is a ClusterPubSub: its one connection
+                # goes to the master owning the first channel's slot, and the
+                # channels of all other locks ride on it too, which is right
+                # for classic (not sharded) pub/sub: a PUBLISH, also one made
+                # by a script, is broadcast to every node of the cluster.
                 self._pubsub = client.pubsub()
             await self._pubsub.subscribe(channel)
             if self._reader is None or self._reader.done():

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
-from redis.asyncio import Redis
 
 from .errors import LeaseLost, LockTimeout, LockUsageError, RedisUnavailable
 from .lease import Lease, LockStatus, Renewal
@@ -32,6 +31,7 @@ from .protocol import (
     NOT_HELD,
     PROTOCOL,
     RENEWED,
+    AsyncClient,
     Grant,
     LockKeys,
     Protocol,
@@ -79,7 +79,8 @@ class FifoLock:
     """A distributed FIFO mutex on one Redis server, for asyncio code.
 
     Args:
-        redis_client: a ``redis.asyncio.Redis``, used only on the event loop it
+        redis_client: a ``redis.asyncio.Redis``, or a
+            ``redis.asyncio.cluster.RedisCluster``, used only on the event loop it
             belongs to. (For threads and sync code use ``SyncFifoLock``.)
         name: the lock's name (str): every process that uses the same name on
             the same server shares the lock. Required; see ``check_name``.
@@ -95,7 +96,8 @@ class FifoLock:
 
     Raises:
         ValueError: naming the setting, for a bad name or settings.
-        TypeError: when ``redis_client`` is a synchronous ``redis.Redis``.
+        TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
+            ``redis.RedisCluster``.
 
     Instances are cheap and hold no ownership: they can be shared by many
     tasks, and made per call.
@@ -103,17 +105,17 @@ class FifoLock:
 
     def __init__(
         self,
-        redis_client: Redis,
+        redis_client: AsyncClient,
         name: str,
         *,
         lease_ms: int = 60_000,
         poll_ms: int = 30_000,
         max_hold_ms: int = 1_800_000,
     ) -> None:
-        if isinstance(redis_client, redis.Redis):
+        if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
             raise TypeError(
                 f"FIFO lock {name!r} needs a redis.asyncio client, got a synchronous "
-                "redis.Redis; use SyncFifoLock from sync code"
+                f"{type(redis_client).__name__}; use SyncFifoLock from sync code"
             )
         self.name = check_name(name)
         self.settings = LockSettings(lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms)

@@ -12,12 +12,16 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeAlias
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from .errors import RedisUnavailable
+
+AsyncClient: TypeAlias = "Redis | RedisCluster"
+"""The clients the lock runs on: one server (``Redis``) or a Redis Cluster."""
 
 KEY_PREFIX = "fifolock"
 """Prefix of every key and channel the lock uses: ``fifolock:{<name>}:<part>``."""
@@ -65,13 +69,17 @@ class Script:
         self.source = (folder / "lib.lua").read_text() + "\n" + (folder / filename).read_text()
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
-    async def run(self, client: Redis, keys: list[str], args: list[Any]) -> Any:
-        """EVALSHA the script, loading it first if the server does not know it."""
+    async def run(self, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA the script; EVAL it (which caches it) if the server does not know it."""
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
+            # EVAL, not SCRIPT LOAD + EVALSHA: on Redis Cluster redis-py routes
+            # EVAL by its first key, so the script runs on (and is cached by) the
+            # master owning the lock's slot, while SCRIPT LOAD goes to every
+            # master and fails if any one of them is down. One round trip fewer
+            # on a single server, too.
+            return await client.eval(self.source, len(keys), *keys, *args)
 
 
 @dataclass(frozen=True)
@@ -124,7 +132,7 @@ class Protocol:
         names = ("acquire", "release", "renew", "withdraw", "poll", "status")
         self.scripts = {name: overrides.get(name) or Script(f"{name}.lua") for name in names}
 
-    async def _call(self, client: Redis, keys: LockKeys, script: str, *args: Any) -> Any:
+    async def _call(self, client: AsyncClient, keys: LockKeys, script: str, *args: Any) -> Any:
         try:
             return await self.scripts[script].run(client, keys.all, list(args))
         except ResponseError as exc:
@@ -144,7 +152,7 @@ class Protocol:
 
     async def acquire(
         self,
-        client: Redis,
+        client: AsyncClient,
         keys: LockKeys,
         token: str,
         session: str,
@@ -169,22 +177,24 @@ class Protocol:
             return grant, grant.ticket, grant.fence
         return None, int(reply[1]), int(reply[2])
 
-    async def release(self, client: Redis, keys: LockKeys, token: str, fence: int) -> int:
+    async def release(self, client: AsyncClient, keys: LockKeys, token: str, fence: int) -> int:
         """Release (token, fence); returns RELEASED, ALREADY_RELEASED or NOT_HELD."""
         return int(await self._call(client, keys, "release", keys.doorbell, token, fence))
 
     async def renew(
-        self, client: Redis, keys: LockKeys, token: str, fence: int, lease_ms: int
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, lease_ms: int
     ) -> tuple[int, int]:
         """Renew (token, fence); returns (RENEWED|RENEW_REFUSED|MAX_HOLD_REACHED, pttl_ms)."""
         reply = await self._call(client, keys, "renew", token, fence, lease_ms)
         return int(reply[0]), int(reply[1]) if len(reply) > 1 else 0
 
-    async def withdraw(self, client: Redis, keys: LockKeys, token: str) -> int:
+    async def withdraw(self, client: AsyncClient, keys: LockKeys, token: str) -> int:
         """Withdraw ``token``; returns WITHDRAWN, GAVE_BACK or NOTHING."""
         return int(await self._call(client, keys, "withdraw", keys.doorbell, token))
 
-    async def poll(self, client: Redis, keys: LockKeys, session: str, alive_ms: int) -> PollReply:
+    async def poll(
+        self, client: AsyncClient, keys: LockKeys, session: str, alive_ms: int
+    ) -> PollReply:
         """Refresh ``session``'s liveness, grant if free, report holder and queue head."""
         reply = await self._call(client, keys, "poll", keys.doorbell, session, alive_ms)
         holder = _text(reply[0])
@@ -192,7 +202,7 @@ class Protocol:
         head = int(reply[4]) if reply[4] is not None else None
         return PollReply(holder, grant, head)
 
-    async def status(self, client: Redis, keys: LockKeys) -> StatusReply:
+    async def status(self, client: AsyncClient, keys: LockKeys) -> StatusReply:
         """Read the holder, the last fence granted and the queue length."""
         reply = await self._call(client, keys, "status")
         holder = _text(reply[0])

@@ -67,21 +67,37 @@ class Portal:
         # The task is created and watched on the loop (not through a
         # concurrent future, whose cancel() would drop a result that lands at
         # the same moment), so an interrupted caller can see how it ended.
-        finished = threading.Event()
+        # A bare lock, released when the task ends: unlike threading.Event (a
+        # Condition underneath), acquiring it can be interrupted by a signal
+        # handler's exception without corrupting its state.
+        finished = threading.Lock()
+        finished.acquire()
         started: list[asyncio.Task[T]] = []
+        abandoned = False
 
         def start() -> None:
+            if abandoned:
+                return
             task = self.loop.create_task(func())
-            task.add_done_callback(lambda _: finished.set())
+            task.add_done_callback(lambda _: finished.release())
             started.append(task)
 
-        self.loop.call_soon_threadsafe(start)
+        def abandon() -> None:
+            nonlocal abandoned
+            abandoned = True
+            if started:
+                started[0].cancel()
+            else:
+                finished.release()  # interrupted before the task began: nothing to wait for
+
         try:
-            finished.wait()
+            self.loop.call_soon_threadsafe(start)
+            finished.acquire()
         except BaseException:
-            # start() was queued before this, so the task exists when it runs.
-            self.loop.call_soon_threadsafe(lambda: started[0].cancel())
-            finished.wait(CANCEL_GRACE_S)
+            # Callbacks run in order: abandon() runs after start() if that was queued.
+            self.loop.call_soon_threadsafe(abandon)
+            if not (started and started[0].done()):
+                finished.acquire(timeout=CANCEL_GRACE_S)
             task = started[0] if started else None
             succeeded = task is not None and task.done() and not task.cancelled()
             if undo is not None and task is not None and succeeded and task.exception() is None:

@@ -21,13 +21,14 @@ import os
 import secrets
 import weakref
 from dataclasses import dataclass, field
+from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from .doorbell import Doorbell
 from .errors import LockUsageError, RedisUnavailable
-from .protocol import Grant, LockKeys, PollReply, Protocol
+from .protocol import AsyncClient, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
 log = logging.getLogger("redis_fifo_lock")
@@ -137,6 +138,10 @@ class WaitGroup:
                 if delay > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), delay)
+                    if not self.waiters:
+                        # Woken because the last waiter left (granted or gone):
+                        # close without one more, useless, poll.
+                        continue
                 self._wake.clear()
                 delay = await self._poll_once()
         finally:
@@ -217,7 +222,7 @@ class Hub:
     event loop) alive forever, one per ``asyncio.run`` or ``async_to_sync``.
     """
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self._client = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
         self.doorbell = Doorbell(self._client)
@@ -226,7 +231,7 @@ class Hub:
         self._policy_checked = False
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> AsyncClient:
         """The client; it is alive while any lock or lease that uses it is."""
         client = self._client()
         if client is None:
@@ -258,7 +263,7 @@ class Hub:
             _checked_servers.add(server)
         try:
             async with self.calls:
-                reply = await self.client.config_get("maxmemory-policy")
+                policies = await _eviction_policies(self.client)
         except ResponseError:
             log.debug("CONFIG GET is disabled on this server; eviction policy not checked")
             return
@@ -266,9 +271,9 @@ class Hub:
             self._policy_checked = False
             _checked_servers.discard(server)
             return
-        policy = next(iter(reply.values()), "")
-        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
-        if policy.startswith(EVICTING_POLICIES):
+        for policy in policies:
+            if not policy.startswith(EVICTING_POLICIES):
+                continue
             log.warning(
                 "FIFO lock %r: the Redis server's maxmemory-policy is %r, which can evict "
                 "the lease key and silently free a held lock (the holder then finds its "
@@ -279,13 +284,30 @@ class Hub:
             )
 
 
-_hubs: weakref.WeakKeyDictionary[Redis, Hub] = weakref.WeakKeyDictionary()
+_hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
 
 _checked_servers: set[tuple[object, ...]] = set()
 """Servers whose eviction policy this process has checked, by address."""
 
 
-def _server_of(client: Redis) -> tuple[object, ...] | None:
+async def _eviction_policies(client: AsyncClient) -> set[str]:
+    """The distinct ``maxmemory-policy`` values of the server(s) behind ``client``."""
+    replies: list[dict[Any, Any]]
+    if isinstance(client, RedisCluster):
+        # Redis Cluster: redis-py sends CONFIG GET to one (the default) node
+        # only; ask every master instead, which replies {node: {name: value}}
+        # (typed by redis-py as a single node's reply).
+        per_node = await client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
+        replies = list(cast("dict[str, dict[Any, Any]]", per_node).values())
+    else:
+        replies = [await client.config_get("maxmemory-policy")]
+    values = (value for reply in replies for value in reply.values())
+    return {value.decode() if isinstance(value, bytes) else str(value) for value in values}
+
+
+def _server_of(client: AsyncClient) -> tuple[object, ...] | None:
+    # A RedisCluster has no connection_pool (one pool per node): None, and the
+    # hub then checks the policy once per client instead of once per server.
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):
@@ -294,7 +316,7 @@ def _server_of(client: Redis) -> tuple[object, ...] | None:
     return (os.getpid(), *address)
 
 
-def hub_for(client: Redis) -> Hub:
+def hub_for(client: AsyncClient) -> Hub:
     """The hub of ``client`` on the running event loop."""
     hub = _hubs.get(client)
     if hub is None or hub.loop is not asyncio.get_running_loop():

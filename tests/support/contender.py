@@ -14,6 +14,7 @@ import secrets
 import sys
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import FifoLock
 from tests.support.polling import until
@@ -31,11 +32,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1, help="acquisitions per task")
     parser.add_argument("--tasks", type=int, default=1, help="concurrent tasks")
     parser.add_argument("--who", default="-")
+    parser.add_argument("--cluster", action="store_true", help="--url names a Redis Cluster node")
     return parser.parse_args()
 
 
 async def contend(args: argparse.Namespace) -> None:
-    client = Redis.from_url(args.url)
+    client = RedisCluster.from_url(args.url) if args.cluster else Redis.from_url(args.url)
     lock = FifoLock(client, args.name, lease_ms=args.lease_ms, poll_ms=args.poll_ms)
     record = Record(args.record)
 
@@ -57,7 +59,7 @@ async def contend(args: argparse.Namespace) -> None:
 
 
 async def announce(
-    client: Redis, lock: FifoLock, token: str, acquiring: asyncio.Task[object]
+    client: Redis | RedisCluster, lock: FifoLock, token: str, acquiring: asyncio.Task[object]
 ) -> None:
     """Print once the request is queued in Redis (or granted)."""
     queue = lock.keys.key("queue")

@@ -1,0 +1,250 @@
+"""The core lock on a real Redis Cluster of three masters (``RedisCluster`` clients).
+
+The same properties as ``tests/test_lock.py`` checks on one server: FIFO order
+across processes, mutual exclusion over holds spanning many polls, a killed
+holder replaced within one lease with a higher fence, hand-off by the doorbell
+(ClusterPubSub), plus what is particular to a cluster: locks spread over every
+shard, scripts missing from a node's cache, CONFIG GET answered per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.cluster import RedisCluster as SyncRedisCluster
+
+from redis_fifo_lock import FifoLock
+from tests.cluster.conftest import LocalCluster
+from tests.support.polling import until
+from tests.support.record import Record, violations
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def contender(cluster: LocalCluster, record: Path, *args: str) -> subprocess.Popen[str]:
+    """Start ``tests.support.contender`` on the cluster; read its stdout lines."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.contender",
+            "--cluster",
+            "--url",
+            cluster.url,
+            "--record",
+            str(record),
+            *args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def first_line(proc: subprocess.Popen[str]) -> str:
+    """The contender's first stdout line, read without blocking the event loop."""
+    assert proc.stdout is not None
+    return await asyncio.to_thread(proc.stdout.readline)
+
+
+async def test_waiting_processes_are_served_in_arrival_order(
+    acluster: RedisCluster, redis_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    record = Record(tmp_path / "record")
+    gate = FifoLock(acluster, "fifo", lease_ms=5000, poll_ms=500)
+    gate_lease = await gate.acquire()
+    record.enter(gate_lease, "gate")
+    arrivals = []
+    for i in range(8):
+        proc = contender(
+            redis_cluster, record.path, "--name", "fifo", "--hold-ms", "10", "--who", str(i)
+        )
+        arrivals.append(proc)
+        assert (await first_line(proc)).startswith("queued")
+    record.exit(gate_lease)
+    await gate.release(gate_lease)
+    codes = await asyncio.gather(*(asyncio.to_thread(proc.wait, 30) for proc in arrivals))
+    assert codes == [0] * len(arrivals)
+    holds = record.holds()
+    assert [hold.who for hold in holds] == ["gate", *map(str, range(len(arrivals)))]
+    assert violations(holds) == []
+
+
+async def entered(record: Path) -> bool:
+    """Whether a hold was entered in ``record`` (written by another process)."""
+    text = await asyncio.to_thread(lambda: record.read_text() if record.exists() else "")
+    return "enter" in text
+
+
+async def test_processes_never_overlap_while_holds_span_many_polls(
+    redis_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # 3 processes x 2 tasks x 3 rounds; each hold lasts 3 polls of the waiters.
+    record = tmp_path / "record"
+    procs = [
+        contender(
+            redis_cluster,
+            record,
+            "--name",
+            "excl",
+            "--poll-ms",
+            "100",
+            "--hold-ms",
+            "300",
+            "--tasks",
+            "2",
+            "--rounds",
+            "3",
+            "--who",
+            f"p{i}",
+        )
+        for i in range(3)
+    ]
+    codes = await asyncio.gather(*(asyncio.to_thread(proc.wait, 60) for proc in procs))
+    assert codes == [0, 0, 0]
+    holds = Record(record).holds()
+    assert len(holds) == 18
+    assert violations(holds) == []
+
+
+async def test_a_killed_holder_is_replaced_within_one_lease_with_a_higher_fence(
+    redis_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    record = tmp_path / "record"
+    common = ["--name", "crash", "--lease-ms", "1000", "--poll-ms", "200"]
+    victim = contender(redis_cluster, record, *common, "--hold-ms", "60000", "--who", "victim")
+    assert (await first_line(victim)).strip() == "granted"
+    heir = contender(redis_cluster, record, *common, "--hold-ms", "1", "--who", "heir")
+    assert (await first_line(heir)).startswith("queued")
+    # The victim printed "granted" before entering: wait for its entry line.
+    await until(lambda: entered(record), "the victim entered")
+    killed_at = time.monotonic_ns()
+    victim.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(victim.wait)
+    assert await asyncio.to_thread(heir.wait, 10) == 0
+    holds = Record(record).holds()
+    dead, new = holds
+    assert (dead.who, new.who) == ("victim", "heir")
+    assert new.fence > dead.fence
+    assert violations(holds, allow_open=True) == []
+    waited_ms = (new.entered_ns - killed_at) / 1e6
+    assert waited_ms < 1000 + 200 + 300, waited_ms  # lease + one poll + slack
+
+
+async def test_hand_off_is_rung_on_the_doorbell_well_before_a_poll(
+    acluster: RedisCluster, redis_cluster: LocalCluster
+) -> None:
+    # The waiter has its own client (so its own hub and ClusterPubSub) and
+    # polls every 10 s: only the doorbell can wake it within the bound below.
+    waiter_client = RedisCluster.from_url(redis_cluster.url)
+    try:
+        settings = {"lease_ms": 30_000, "poll_ms": 10_000}
+        holder_lock = FifoLock(acluster, "handoff", **settings)
+        waiter_lock = FifoLock(waiter_client, "handoff", **settings)
+        lease = await holder_lock.acquire()
+        waiting = asyncio.create_task(waiter_lock.acquire(token="waiter"))
+        queue = holder_lock.keys.key("queue")
+
+        async def queued() -> bool:
+            return await acluster.zscore(queue, "waiter") is not None
+
+        await until(queued, "the waiter is queued")
+        released_at = time.monotonic()
+        await holder_lock.release(lease)
+        next_lease = await asyncio.wait_for(waiting, 5)
+        latency_ms = (time.monotonic() - released_at) * 1000
+        assert next_lease.fence == lease.fence + 1
+        assert latency_ms < 500, latency_ms  # poll_ms is 10_000
+        await waiter_lock.release(next_lease)
+    finally:
+        await waiter_client.aclose()
+
+
+async def test_many_lock_names_spread_over_every_shard(
+    acluster: RedisCluster, redis_cluster: LocalCluster
+) -> None:
+    names = [f"shard-{i}" for i in range(30)]
+    locks = [FifoLock(acluster, name, lease_ms=5000, poll_ms=500) for name in names]
+    leases = await asyncio.gather(*(lock.acquire() for lock in locks))
+    # Ask each lock's lease key's master, as CLUSTER KEYSLOT and CLUSTER
+    # NODES name it, directly (a plain client, no redirection) for the key.
+    owners: dict[str, str] = {}
+    for lock in locks:
+        lease_key = lock.keys.key("lease")
+        slot = await acluster.cluster_keyslot(lease_key)
+        assert [await acluster.cluster_keyslot(key) for key in lock.keys.all] == [slot] * 7
+        owners[lock.name] = owner_of(redis_cluster, slot)
+        host, port = owners[lock.name].split(":")
+        with Redis(host=host, port=int(port)) as node:
+            assert node.exists(lease_key) == 1
+    assert len(set(owners.values())) >= 2, owners
+    # Contend on every name at once: a second request each, served in turn.
+    rivals = [asyncio.create_task(lock.acquire()) for lock in locks]
+    await asyncio.gather(*(lock.release(lease) for lock, lease in zip(locks, leases, strict=True)))
+    seconds = await asyncio.wait_for(asyncio.gather(*rivals), 5)
+    assert [lease.fence for lease in seconds] == [2] * len(locks)
+    await asyncio.gather(*(lock.release(lease) for lock, lease in zip(locks, seconds, strict=True)))
+
+
+def owner_of(cluster: LocalCluster, slot: int) -> str:
+    """``host:port`` of the master serving ``slot``, read from CLUSTER NODES."""
+    node = cluster.nodes[0]
+    with Redis(host=node.host, port=node.port, decode_responses=True) as client:
+        nodes = client.execute_command("CLUSTER NODES")
+    for address, info in nodes.items():
+        if "master" not in info["flags"]:
+            continue
+        for span in info["slots"]:
+            low, high = (int(span[0]), int(span[-1]))
+            if low <= slot <= high:
+                return str(address).split("@")[0]
+    raise AssertionError(f"no master serves slot {slot}: {nodes}")
+
+
+async def test_scripts_missing_from_the_node_cache_are_evaluated_on_the_owner(
+    acluster: RedisCluster,
+) -> None:
+    lock = FifoLock(acluster, "noscript", lease_ms=5000, poll_ms=500)
+    await lock.release(await lock.acquire())
+    await acluster.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
+    lease = await lock.acquire()
+    assert lease.fence == 2
+    await lock.release(lease)
+
+
+async def test_an_evicting_policy_on_any_master_is_warned_about(
+    redis_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    last = redis_cluster.nodes[-1]
+    client = RedisCluster.from_url(redis_cluster.url)
+    with Redis(host=last.host, port=last.port) as node:
+        node.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            with caplog.at_level(logging.WARNING, "redis_fifo_lock"):
+                lock = FifoLock(client, "evict", lease_ms=5000, poll_ms=500)
+                await lock.release(await lock.acquire())
+        finally:
+            node.config_set("maxmemory-policy", "noeviction")
+            await client.aclose()
+    warnings = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert len(warnings) == 1 and "'allkeys-lru'" in warnings[0], warnings
+
+
+def test_a_synchronous_cluster_client_is_refused(redis_cluster: LocalCluster) -> None:
+    client = SyncRedisCluster.from_url(redis_cluster.url)
+    try:
+        with pytest.raises(TypeError, match="synchronous RedisCluster; use SyncFifoLock"):
+            FifoLock(client, "sync")  # type: ignore[arg-type]
+    finally:
+        client.close()
