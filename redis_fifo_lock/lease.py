@@ -85,6 +85,11 @@ class Renewal:
         if not self._stopped:
             self._task = self.loop.create_task(self._start())
 
+    @property
+    def stopped(self) -> bool:
+        """True once ``cancel()`` was called (the lease is being released)."""
+        return self._stopped
+
     def cancel(self) -> asyncio.Task[None] | None:
         """Stop renewing: no renewal starts from now on, and a running one is
         cancelled (its reply, if any, is ignored). Returns the cancelled task, if

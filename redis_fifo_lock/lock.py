@@ -118,7 +118,12 @@ class FifoLock:
                 f"{type(redis_client).__name__}; use SyncFifoLock from sync code"
             )
         self.name = check_name(name)
-        self.settings = LockSettings(lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms)
+        try:
+            self.settings = LockSettings(
+                lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms
+            )
+        except ValueError as exc:
+            raise ValueError(f"FIFO lock {name!r}: {exc}") from None
         self.client = redis_client
         self.keys = LockKeys(self.name)
         self._protocol: Protocol = PROTOCOL
@@ -319,6 +324,11 @@ class FifoLock:
             )
 
     def _lose(self, lease: Lease, reason: str) -> None:
+        if lease._renewal is not None and lease._renewal.stopped:
+            # Released meanwhile: a renewal whose cancellation was swallowed
+            # (Python 3.11's wait_for can do that, bpo-42130) is refused after
+            # the release, which says nothing about the lease.
+            return
         lease.mark_lost(reason)
         log.warning("FIFO lock %r: lease fence %d lost: %s", self.name, lease.fence, reason)
 

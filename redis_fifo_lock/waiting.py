@@ -176,7 +176,9 @@ class WaitGroup:
                 reply = await self.protocol.poll(self.hub.client, self.keys, self.session, alive_ms)
         except RedisUnavailable as exc:
             log.warning("FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause)
-            return RETRY_AFTER_ERROR_S
+            # Never longer than a poll interval: the session's liveness (one
+            # lease) must be refreshed before it runs out.
+            return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)
         await self._settle(reply)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:

@@ -7,20 +7,39 @@ written after ``acquire`` returned and the exit before ``release`` is called,
 so the recorded spans sit inside the real holds. ``time.monotonic_ns()`` is the
 system-wide monotonic clock on Linux, comparable across processes of one
 machine.
+
+Every line is ``<kind> <monotonic ns> <pid> <fields...>``, fields separated by
+single spaces. ``enter`` and ``exit`` are all that ``holds()`` and
+``violations()`` need; the other kinds let a richer checker (the adversarial
+suite's, ``tests/adversarial/checker.py``) follow a request from start to end:
+
+========  ==============================  =====================================
+kind      fields after the pid            written
+========  ==============================  =====================================
+enter     token ticket fence who          after ``acquire`` returned the lease
+exit      token lost(0/1)                 before ``release`` is called
+request   token timeout_ms(-1: none) who  before ``acquire`` is called
+queued    token ticket granted(0/1)       when the acquire script replied
+cancel    token                           before the acquire task is cancelled
+gaveup    token reason                    ``acquire`` ended without a lease
+lost      token                           when ``lease.lost`` was seen set
+release   token outcome                   after ``release`` returned or raised
+fault     kind detail                     a fault was injected (or observed)
+========  ==============================  =====================================
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis_fifo_lock import Lease
 
 
 class Record:
-    """Appends enter/exit lines for leases to ``path``."""
+    """Appends lines about leases and requests to ``path``."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -31,6 +50,11 @@ class Record:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
+
+    def _line(self, kind: str, *fields: object) -> None:
+        """Append one ``kind`` line stamped now, in this process."""
+        words = " ".join(str(word) for word in fields)
+        self._append(f"{kind} {time.monotonic_ns()} {os.getpid()} {words}\n")
 
     def enter(self, lease: Lease, who: str = "") -> None:
         """Record that ``lease``'s holder entered the critical section."""
@@ -44,9 +68,68 @@ class Record:
         lost = 1 if lease.lost else 0
         self._append(f"exit {time.monotonic_ns()} {os.getpid()} {lease.token} {lost}\n")
 
+    def request(self, token: str, timeout_s: float | None, who: str = "") -> None:
+        """Record that ``acquire(timeout_s, token=token)`` is about to be called."""
+        timeout_ms = -1 if timeout_s is None else round(timeout_s * 1000)
+        self._line("request", token, timeout_ms, who or "-")
+
+    def queued(self, token: str, ticket: int, granted: bool) -> None:
+        """Record the acquire script's reply for ``token``: its ticket, granted or not."""
+        self._line("queued", token, ticket, 1 if granted else 0)
+
+    def cancel(self, token: str) -> None:
+        """Record that the acquire of ``token`` is about to be cancelled."""
+        self._line("cancel", token)
+
+    def gave_up(self, token: str, reason: str) -> None:
+        """Record that the acquire of ``token`` ended without a lease (one word why)."""
+        self._line("gaveup", token, "_".join(reason.split()) or "-")
+
+    def lost(self, lease: Lease) -> None:
+        """Record that ``lease.lost`` was seen set."""
+        self._line("lost", lease.token)
+
+    def released(self, lease: Lease, outcome: str) -> None:
+        """Record how ``release`` ended: ``ok``, ``leaselost`` or an error name."""
+        self._line("release", lease.token, "_".join(outcome.split()) or "-")
+
+    def fault(self, kind: str, detail: object = "-") -> None:
+        """Record a fault of ``kind`` (one word) aimed at ``detail`` (one word)."""
+        self._line("fault", kind, "_".join(str(detail).split()) or "-")
+
     def holds(self) -> list[Hold]:
         """The holds read back, in order of entry."""
         return read_holds(self.path)
+
+    def lines(self) -> list[Line]:
+        """Every complete line read back, in file order."""
+        return read_lines(self.path)
+
+
+@dataclass
+class Line:
+    """One parsed line of a record."""
+
+    kind: str
+    ns: int
+    pid: int
+    fields: list[str] = field(default_factory=list)
+
+
+def read_lines(path: Path) -> list[Line]:
+    """Parse every complete line of the record at ``path`` (a missing file is empty).
+
+    A line still being written by another process (no newline yet) is skipped.
+    """
+    if not path.exists():
+        return []
+    text = path.read_text()
+    complete = text.split("\n")[:-1]  # the last piece is "" or an unfinished line
+    parsed = []
+    for raw in complete:
+        kind, stamp, pid, *fields = raw.split(" ")
+        parsed.append(Line(kind, int(stamp), int(pid), fields))
+    return parsed
 
 
 @dataclass
@@ -66,16 +149,14 @@ class Hold:
 def read_holds(path: Path) -> list[Hold]:
     """Parse the record at ``path`` into holds sorted by entry time."""
     holds: dict[str, Hold] = {}
-    if not path.exists():
-        return []
-    for line in path.read_text().splitlines():
-        kind, stamp, pid, token, *rest = line.split(" ")
-        if kind == "enter":
-            ticket, fence, who = rest
-            holds[token] = Hold(token, int(pid), int(ticket), int(fence), who, int(stamp))
-        else:
-            holds[token].exited_ns = int(stamp)
-            holds[token].lost = rest[0] == "1"
+    for line in read_lines(path):
+        if line.kind == "enter":
+            token, ticket, fence, who = line.fields
+            holds[token] = Hold(token, line.pid, int(ticket), int(fence), who, line.ns)
+        elif line.kind == "exit":
+            token, lost = line.fields
+            holds[token].exited_ns = line.ns
+            holds[token].lost = lost == "1"
     return sorted(holds.values(), key=lambda hold: hold.entered_ns)
 
 

@@ -1,0 +1,83 @@
+"""Bugs of the core that the adversarial suite found: fixed ones, pinned.
+
+Each test states the behaviour the lock owes. The one still marked
+``xfail(strict=True)`` is a known limitation (see its reason); when it is fixed
+the test passes, strict xfail turns that into a failure, and whoever fixed it
+removes the marker. These tests pin bugs; they are exempt from killing a mutant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from redis_fifo_lock import FifoLock, LockError
+from redis_fifo_lock.testing import PrivateRedisFactory
+from tests.adversarial.scenarios import Context, not_redis_server, run
+
+pytestmark = pytest.mark.adversarial
+
+
+async def test_a_released_lease_is_never_marked_lost(
+    fresh_redis_server: PrivateRedisFactory, seed: int
+) -> None:
+    server = fresh_redis_server()
+    client = Redis.from_url(server.url)
+    lock = FifoLock(client, "released", lease_ms=60, poll_ms=20)  # renews every 20 ms
+    rng = random.Random(seed)
+    spurious = []
+    try:
+        for _ in range(600):
+            lease = await lock.acquire()
+            await asyncio.sleep(rng.uniform(0.015, 0.06))  # the hold: ends near a renewal
+            await lock.release(lease)
+            await asyncio.sleep(0.025)  # time for a stray renewal to come back
+            if lease.lost:
+                spurious.append(lease.lost_reason)
+                break
+    finally:
+        await client.aclose()
+    assert spurious == [], f"a lease released successfully was then marked lost: {spurious}"
+
+
+async def test_a_waiter_whose_connection_dies_keeps_its_place_with_a_short_lease(
+    contexts: Callable[..., Context], replay: str
+) -> None:
+    outcome = await run("connection-killed-short-lease", contexts())
+    assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core bug: acquire(timeout=...) bounds only the wait in the queue, not the "
+    "calls to Redis: against a server that accepts connections and never answers, "
+    "acquire(timeout=1) hangs forever (no socket_timeout), or runs for tens of seconds "
+    "(socket_timeout=1: redis-py retries, the eviction-policy check, the withdrawal)",
+)
+async def test_acquire_with_a_timeout_returns_in_time_from_a_server_that_never_answers() -> None:
+    server, port = await not_redis_server(answer=False)
+    client = Redis(host="127.0.0.1", port=port)
+    started = time.monotonic()
+    try:
+        with pytest.raises(LockError):
+            # 2 s of slack over the 1 s timeout; the outer bound only keeps the test short.
+            await asyncio.wait_for(FifoLock(client, "silent").acquire(timeout=1), 3)
+    finally:
+        await client.aclose()
+        server.close()
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"lease_ms": 0}, {"lease_ms": -5}, {"poll_ms": 1.5}, {"max_hold_ms": True}],
+    ids=["zero", "negative", "float", "bool"],
+)
+def test_a_bad_duration_is_refused_naming_the_lock(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="invoices-2024"):
+        FifoLock(Redis(), "invoices-2024", **settings)  # type: ignore[arg-type]
