@@ -1,0 +1,230 @@
+"""How the contended figures are computed from what the contenders recorded.
+
+Every contender records one ``Hold`` per grant, with ``time.monotonic_ns()``
+stamps. On Linux that clock (``CLOCK_MONOTONIC``) is one system-wide clock, so
+stamps taken by different processes on this machine compare directly.
+
+Definitions (the Markdown report repeats them):
+
+- **grant order**: holds sorted by the moment ``acquire`` returned. Mutual
+  exclusion makes this the order in which the lock was held; for our lock the
+  fences must agree with it, and ``fence_order_errors`` counts where they don't.
+- **hand-off**: two consecutive grants to *different* contenders. Its latency is
+  "release returned -> next holder's acquire returned". It can be negative: the
+  next holder may learn of its grant before the previous holder has read the
+  reply to its release. A grant to the contender that held the lock just before
+  (it released and took the lock again before anyone else) is a
+  *re-acquisition*, not a hand-off.
+- **arrival order**: for every library, the order in which the contenders'
+  ``acquire`` calls began (a stamp taken just before the call). For our lock,
+  also the order of the tickets Redis handed out, which is what FIFO means for
+  it: the order in which the requests reached Redis.
+- **FIFO violation**: a grant made while a request that arrived earlier was
+  still waiting (it was granted later). Each such grant counts once; the
+  *worst overtake* is the largest head start (in call stamps) that an
+  overtaken request had.
+- **overlap**: a grant whose ``acquire`` returned before the previous holder
+  had even started its ``release``: a mutual-exclusion failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PERCENTILES = (0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0)
+"""Points of each latency distribution kept in the JSON results (percent)."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One grant, as a contender recorded it (``time.monotonic_ns()`` stamps).
+
+    Attributes:
+        contender: index of the task or thread, unique across processes.
+        arrival_ns: just before ``acquire`` was called.
+        acquired_ns: just after ``acquire`` returned.
+        release_ns: just before ``release`` was called.
+        released_ns: just after ``release`` returned.
+        ticket: our lock's ticket (arrival order at Redis), else None.
+        fence: our lock's fence, else None.
+    """
+
+    contender: int
+    arrival_ns: int
+    acquired_ns: int
+    release_ns: int
+    released_ns: int
+    ticket: int | None = None
+    fence: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Hold:
+        """Rebuild a hold from the list a worker printed (see ``as_row``)."""
+        contender, arrival, acquired, release, released, ticket, fence = row
+        return cls(
+            int(contender),
+            int(arrival),
+            int(acquired),
+            int(release),
+            int(released),
+            None if ticket is None else int(ticket),
+            None if fence is None else int(fence),
+        )
+
+    def as_row(self) -> list[int | None]:
+        """A compact JSON-able form."""
+        return [
+            self.contender,
+            self.arrival_ns,
+            self.acquired_ns,
+            self.release_ns,
+            self.released_ns,
+            self.ticket,
+            self.fence,
+        ]
+
+
+def quantile(values: Sequence[float], percent: float) -> float:
+    """The ``percent`` percentile of ``values`` (linear interpolation, as numpy's
+    default). Raises ``ValueError`` on an empty sequence."""
+    if not values:
+        raise ValueError("quantile of no values")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * percent / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def distribution(values: Sequence[float]) -> dict[str, float]:
+    """``{"p50": ..., ...}`` at the points of ``PERCENTILES``; empty for no values."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {f"p{point:g}": quantile(ordered, point) for point in PERCENTILES}
+
+
+def fifo_violations(
+    holds: Sequence[Hold], arrival: Callable[[Hold], int]
+) -> list[tuple[Hold, int]]:
+    """The grants made while an earlier arrival (by ``arrival``) still waited,
+    each with how much earlier the earliest such arrival was (in the unit of
+    ``arrival``: ns for call stamps, tickets for tickets).
+
+    ``holds`` must hold every grant of the run, so that a waiter granted later
+    is seen; scans the grants from last to first, keeping the earliest arrival
+    among those granted later.
+    """
+    ordered = sorted(holds, key=lambda hold: hold.acquired_ns)
+    earliest_later: int | None = None
+    violations = []
+    for hold in reversed(ordered):
+        if earliest_later is not None and earliest_later < arrival(hold):
+            violations.append((hold, arrival(hold) - earliest_later))
+        if earliest_later is None or arrival(hold) < earliest_later:
+            earliest_later = arrival(hold)
+    violations.reverse()
+    return violations
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two consecutive grants: ``before`` released, then ``after`` acquired."""
+
+    before: Hold
+    after: Hold
+
+    @property
+    def handoff(self) -> bool:
+        """True when the lock went to another contender."""
+        return self.before.contender != self.after.contender
+
+    @property
+    def latency_ns(self) -> int:
+        """Release returned -> next acquire returned (may be negative)."""
+        return self.after.acquired_ns - self.before.released_ns
+
+    @property
+    def from_release_call_ns(self) -> int:
+        """Release called -> next acquire returned (never negative without overlap)."""
+        return self.after.acquired_ns - self.before.release_ns
+
+
+def pairs(holds: Iterable[Hold]) -> list[Pair]:
+    """Consecutive grants, in grant order."""
+    ordered = sorted(holds, key=lambda hold: hold.acquired_ns)
+    return [Pair(a, b) for a, b in itertools.pairwise(ordered)]
+
+
+def summarize_contended(
+    holds: Sequence[Hold], window: tuple[int, int], ping_ns: float
+) -> dict[str, Any]:
+    """The contended figures of one run.
+
+    Args:
+        holds: every grant of the run (also those outside the window).
+        window: (start, end) in ``monotonic_ns``; grants whose acquire returned
+            inside it are measured. Earlier ones are warm-up; later ones drain.
+        ping_ns: the PING round trip the latency ratios are relative to.
+
+    Returns:
+        A JSON-able dict; the raw hand-off latencies are under ``"_latencies_ns"``
+        (for the plot; dropped from the saved results).
+    """
+    start, end = window
+    seconds = (end - start) / 1e9
+    inside = [hold for hold in holds if start <= hold.acquired_ns < end]
+    measured = [pair for pair in pairs(holds) if start <= pair.after.acquired_ns < end]
+    handoffs = [pair for pair in measured if pair.handoff]
+    latencies = [pair.latency_ns for pair in handoffs]
+    from_call = [pair.from_release_call_ns for pair in handoffs]
+    waits = [(hold.acquired_ns - hold.arrival_ns) / 1e6 for hold in inside]
+    inside_ids = {id(hold) for hold in inside}
+
+    def count_inside(violations: list[tuple[Hold, int]]) -> int:
+        return sum(1 for hold, _ in violations if id(hold) in inside_ids)
+
+    by_call = [
+        (hold, gap)
+        for hold, gap in fifo_violations(holds, lambda hold: hold.arrival_ns)
+        if id(hold) in inside_ids
+    ]
+    has_tickets = bool(holds) and all(hold.ticket is not None for hold in holds)
+    result: dict[str, Any] = {
+        "window_s": seconds,
+        "grants": len(inside),
+        "grants_per_s": len(inside) / seconds if seconds > 0 else 0.0,
+        "handoffs": len(handoffs),
+        "handoffs_per_s": len(handoffs) / seconds if seconds > 0 else 0.0,
+        "reacquisitions": len(measured) - len(handoffs),
+        "handoff_us": distribution([ns / 1000 for ns in latencies]),
+        "handoff_from_release_call_us": distribution([ns / 1000 for ns in from_call]),
+        "handoff_p50_ping": quantile(latencies, 50) / ping_ns if latencies else None,
+        "handoff_p99_ping": quantile(latencies, 99) / ping_ns if latencies else None,
+        "wait_ms": distribution(waits),
+        "fifo_violations_call_order": len(by_call),
+        "fifo_worst_overtake_ms": max((gap for _, gap in by_call), default=0) / 1e6,
+        "fifo_violations_ticket_order": (
+            count_inside(fifo_violations(holds, lambda hold: hold.ticket or 0))
+            if has_tickets
+            else None
+        ),
+        "overlaps": sum(1 for pair in measured if pair.after.acquired_ns < pair.before.release_ns),
+        "fence_order_errors": (
+            sum(1 for pair in pairs(holds) if (pair.after.fence or 0) <= (pair.before.fence or 0))
+            if has_tickets
+            else None
+        ),
+        "_latencies_ns": latencies,
+    }
+    return result
+
+
+def median(values: Iterable[float]) -> float | None:
+    """The median of the non-None values, or None if there are none."""
+    present = [value for value in values if value is not None]
+    return quantile(present, 50) if present else None
