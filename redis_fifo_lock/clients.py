@@ -4,7 +4,8 @@ A ``redis.asyncio`` client's connections belong to the event loop that opened
 them. A client cached in a global outlives its loop, and the next loop that
 uses it fails with "RuntimeError: Event loop is closed" - which is exactly what
 ``async_to_sync`` (Django, Celery, management commands) produces, since it runs
-each call on a new loop. ``LoopClients`` keeps one client per running loop,
+each call on a new loop. ``LoopClients`` keeps one client (plain, Redis Cluster
+or found through Sentinel) per running loop,
 builds a new one after ``fork()``, and closes each client when its loop closes.
 """
 
@@ -14,10 +15,14 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
+
+from .protocol import AsyncClient
 
 Cleanup = Callable[[], Awaitable[object]]
 
@@ -59,27 +64,98 @@ async def _run_all(cleanups: list[Cleanup]) -> None:
 
 
 class LoopClients:
-    """Builds and caches one ``redis.asyncio.Redis`` per running event loop.
+    """Builds and caches one async Redis client per running event loop.
 
     Args:
         url: a ``redis://``, ``rediss://`` or ``unix://`` URL; None to build the
             client from ``connection_kwargs`` alone.
+        factory: instead of ``url``, a callable returning a new client
+            (``redis.asyncio.Redis`` or ``RedisCluster``); it is called once per
+            loop and process, on that loop. ``cluster()`` and ``sentinel()``
+            build the usual factories.
         **connection_kwargs: passed to ``Redis.from_url`` (or ``Redis``), e.g.
             ``password``, ``db``, ``ssl``, ``socket_timeout``, ``max_connections``.
 
+    Raises:
+        TypeError: ``factory`` given together with ``url`` or connection kwargs.
+
     ``client()`` must be called on a running loop. The cache is keyed by the
     loop (weakly) and the process id: a forked child never uses its parent's
-    connections. Each client is closed when its loop closes.
+    connections. Each client is closed when its loop closes, and with it the
+    Sentinel connections it was discovered through.
     """
 
-    def __init__(self, url: str | None = None, **connection_kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        factory: Callable[[], AsyncClient] | None = None,
+        **connection_kwargs: Any,
+    ) -> None:
+        if factory is not None and (url is not None or connection_kwargs):
+            raise TypeError("LoopClients: pass either factory or a URL / connection kwargs")
         self.url = url
         self.connection_kwargs = connection_kwargs
+        self._factory = factory or self._plain
         self._pid = os.getpid()
         self._guard = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = (
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
+
+    @classmethod
+    def cluster(cls, url: str | None = None, **connection_kwargs: Any) -> LoopClients:
+        """Clients for Redis Cluster: one ``redis.asyncio.cluster.RedisCluster``
+        per loop, from a URL naming any node (``redis://host:port``) and/or
+        ``RedisCluster`` keyword arguments (``startup_nodes``, ``password``, ...).
+        """
+
+        def build() -> AsyncClient:
+            if url is not None:
+                return RedisCluster.from_url(url, **connection_kwargs)
+            return RedisCluster(**connection_kwargs)
+
+        clients = cls(factory=build)
+        clients.url = url
+        clients.connection_kwargs = connection_kwargs
+        return clients
+
+    @classmethod
+    def sentinel(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        service_name: str,
+        *,
+        sentinel_kwargs: dict[str, Any] | None = None,
+        **connection_kwargs: Any,
+    ) -> LoopClients:
+        """Clients for the master of ``service_name``, found through Sentinel.
+
+        Args:
+            sentinels: the sentinels' ``(host, port)`` addresses.
+            service_name: the master's name in the sentinels' configuration.
+            sentinel_kwargs: connection options for the sentinels themselves
+                (e.g. their ``password``); default None (none).
+            **connection_kwargs: connection options for the master (``password``,
+                ``db``, ``ssl``, ``socket_timeout``...).
+
+        Each loop gets its own ``redis.asyncio.sentinel.Sentinel`` and master
+        client. After a failover the client reconnects to the new master; see
+        the README for what that means for held leases.
+        """
+        addresses = [(str(host), int(port)) for host, port in sentinels]
+
+        def build() -> AsyncClient:
+            manager = Sentinel(  # type: ignore[no-untyped-call]
+                addresses, sentinel_kwargs=sentinel_kwargs, **connection_kwargs
+            )
+            master: Redis = manager.master_for(service_name)
+            return master
+
+        clients = cls(factory=build)
+        clients.url = f"sentinel://{service_name}"
+        clients.connection_kwargs = connection_kwargs
+        return clients
 
     def __repr__(self) -> str:
         return f"<LoopClients {self.url or self.connection_kwargs!r} loops={len(self)}>"
@@ -88,7 +164,7 @@ class LoopClients:
         """How many loops of this process have a live client (for tests)."""
         return len(self._clients) if self._pid == os.getpid() else 0
 
-    def client(self) -> Redis:
+    def client(self) -> AsyncClient:
         """The client for the running event loop, created on first use.
 
         Raises:
@@ -98,7 +174,7 @@ class LoopClients:
         with self._guard:
             return self._client_for(loop)
 
-    def _client_for(self, loop: asyncio.AbstractEventLoop) -> Redis:
+    def _client_for(self, loop: asyncio.AbstractEventLoop) -> AsyncClient:
         if self._pid != os.getpid():
             # Forked: the inherited clients share sockets with the parent. Drop
             # them without closing (closing would disturb the parent's streams).
@@ -106,20 +182,25 @@ class LoopClients:
             self._clients = weakref.WeakKeyDictionary()
         client = self._clients.get(loop)
         if client is None:
-            client = self._build()
+            client = self._factory()
             self._clients[loop] = client
             at_loop_close(loop, lambda: self._close(loop))
         return client
 
-    def _build(self) -> Redis:
+    def _plain(self) -> AsyncClient:
         if self.url is not None:
             return Redis.from_url(self.url, **self.connection_kwargs)
         return Redis(**self.connection_kwargs)
 
     async def _close(self, loop: asyncio.AbstractEventLoop) -> None:
         client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.aclose()
+        if client is None:
+            return
+        await client.aclose()
+        # A client from Sentinel.master_for() keeps its sentinels' clients open.
+        manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
 
     async def aclose(self) -> None:
         """Close the running loop's client now (it is rebuilt on next use)."""

@@ -16,12 +16,11 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
-
 from .clients import LoopClients
 from .errors import LockUsageError
 from .lease import Lease, LockStatus
 from .lock import FifoLock
+from .protocol import AsyncClient
 from .settings import LockSettings, check_name
 
 T = TypeVar("T")
@@ -162,7 +161,7 @@ class SyncFifoLock:
         self.clients = (
             connection if isinstance(connection, LoopClients) else LoopClients(connection)
         )
-        self._core: tuple[Redis, FifoLock] | None = None
+        self._core: tuple[AsyncClient, FifoLock] | None = None
 
     def __repr__(self) -> str:
         return f"<SyncFifoLock {self.name!r} lease_ms={self.settings.lease_ms}>"
