@@ -36,7 +36,7 @@ from django.utils.module_loading import import_string
 from redis.exceptions import RedisError, ResponseError
 
 from redis_fifo_lock import LoopClients
-from redis_fifo_lock.sync import portal
+from redis_fifo_lock.portal import portal
 from redis_fifo_lock.waiting import EVICTING_POLICIES
 
 from .conf import SETTING, fifolock_settings

@@ -143,9 +143,8 @@ class CacheFifoLock:
     Where the lease is renewed: in the background on the event loop that
     acquired it - the process's portal loop for the sync forms, the running
     loop for the async ones. A lease acquired by ``aacquire()`` inside an
-    ``async_to_sync`` call whose loop then closes is no longer renewed: release
-    it within ``lease_ms`` (``LeaseLost`` otherwise), or acquire it with the
-    sync ``acquire()`` instead, which renews until released.
+    ``async_to_sync`` call whose loop then closes moves to the portal loop,
+    which renews it until it is released.
     """
 
     def __init__(
@@ -172,14 +171,12 @@ class CacheFifoLock:
         )
 
     def async_lock(self) -> FifoLock:
-        """The core's ``FifoLock`` for this lock on the running event loop's client.
-
-        Raises:
-            RuntimeError: when no event loop is running in this thread.
+        """The core's ``FifoLock`` for this lock; each call uses the running event
+        loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
         settings = self.settings
         return FifoLock(
-            self.clients.client(),
+            self.clients,
             self.name,
             lease_ms=settings.lease_ms,
             poll_ms=settings.poll_ms,
@@ -205,8 +202,8 @@ class CacheFifoLock:
 
     async def aacquire(self) -> Lease:
         """The async twin of ``acquire()``: wait on the running loop, which renews
-        the lease until it is released (see the class docstring for loops that
-        close first).
+        the lease until it is released (or, if it closes first, until then, and
+        the portal loop after that).
 
         Raises:
             LockTimeout: (a ``TimeoutError``) ``timeout`` ran out.

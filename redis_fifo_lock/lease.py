@@ -30,6 +30,7 @@ class Lease:
         self.fence = fence
         self.ticket = ticket
         self.released = False
+        self.releasing = False  # set when release() starts: later refusals are expected
         self.lost_reason: str | None = None
         self._lost = asyncio.Event()
         self._renewal: Renewal | None = None
@@ -67,15 +68,26 @@ class Renewal:
     A timer costs a fraction of a task, and most holds end before their first
     renewal (a third of ``lease_ms``), so a grant and its release create no task
     at all. Use only on ``loop``'s thread.
+
+    Args:
+        loop: the event loop that renews.
+        first_at: loop time (seconds) of the first renewal.
+        expires_at: loop time (seconds) at which the lease ends unless renewed;
+            the renewal task keeps it up to date.
+        start: called with this object when the first renewal is due; returns
+            the renewal coroutine.
     """
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         first_at: float,
-        start: Callable[[], Coroutine[Any, Any, None]],
+        expires_at: float,
+        start: Callable[[Renewal], Coroutine[Any, Any, None]],
     ) -> None:
         self.loop = loop
+        self.first_at = first_at
+        self.expires_at = expires_at
         self._start = start
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -83,7 +95,7 @@ class Renewal:
 
     def _fire(self) -> None:
         if not self._stopped:
-            self._task = self.loop.create_task(self._start())
+            self._task = self.loop.create_task(self._start(self))
 
     @property
     def stopped(self) -> bool:

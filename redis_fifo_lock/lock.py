@@ -19,13 +19,16 @@ import asyncio
 import logging
 import math
 import secrets
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
 
+from .clients import LoopClients, at_loop_close
 from .errors import LeaseLost, LockTimeout, LockUsageError, RedisUnavailable
 from .lease import Lease, LockStatus, Renewal
+from .portal import is_portal_loop, portal
 from .protocol import (
     GAVE_BACK,
     NOT_HELD,
@@ -79,9 +82,11 @@ class FifoLock:
     """A distributed FIFO mutex on one Redis server, for asyncio code.
 
     Args:
-        redis_client: a ``redis.asyncio.Redis``, or a
+        redis_client: a ``redis.asyncio.Redis`` or
             ``redis.asyncio.cluster.RedisCluster``, used only on the event loop it
-            belongs to. (For threads and sync code use ``SyncFifoLock``.)
+            belongs to; or a ``LoopClients``, from which each call takes the
+            running loop's client, so the lock works on any loop. (For threads
+            and sync code use ``SyncFifoLock``.)
         name: the lock's name (str): every process that uses the same name on
             the same server shares the lock. Required; see ``check_name``.
         lease_ms: milliseconds a grant survives without renewal (default
@@ -101,11 +106,17 @@ class FifoLock:
 
     Instances are cheap and hold no ownership: they can be shared by many
     tasks, and made per call.
+
+    A lease is renewed on the loop that acquired it. With a ``LoopClients``, a
+    lease still held when that loop closes (an ``async_to_sync`` call that
+    returned it) is handed over to the process's portal loop, which renews it
+    until it is released; with a plain client it stops renewing then, and must
+    be released within ``lease_ms``.
     """
 
     def __init__(
         self,
-        redis_client: AsyncClient,
+        redis_client: AsyncClient | LoopClients,
         name: str,
         *,
         lease_ms: int = 60_000,
@@ -124,12 +135,25 @@ class FifoLock:
             )
         except ValueError as exc:
             raise ValueError(f"FIFO lock {name!r}: {exc}") from None
-        self.client = redis_client
+        self.clients = redis_client if isinstance(redis_client, LoopClients) else None
+        self._client = None if isinstance(redis_client, LoopClients) else redis_client
         self.keys = LockKeys(self.name)
         self._protocol: Protocol = PROTOCOL
 
     def __repr__(self) -> str:
         return f"<FifoLock {self.name!r} lease_ms={self.settings.lease_ms}>"
+
+    @property
+    def client(self) -> AsyncClient:
+        """The Redis client this lock uses on the running event loop.
+
+        Raises:
+            RuntimeError: built from a ``LoopClients`` and no loop is running.
+        """
+        if self._client is not None:
+            return self._client
+        assert self.clients is not None
+        return self.clients.client()
 
     @asynccontextmanager
     async def hold(
@@ -266,20 +290,41 @@ class FifoLock:
         granted_at = loop.time()
         first_at = granted_at + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         lease._renewal = Renewal(
-            loop, first_at, lambda: self._renew(hub, lease, granted_at, grant.pttl_ms)
+            loop, first_at, granted_at + grant.pttl_ms / 1000, lambda r: self._renew(hub, lease, r)
         )
+        if self.clients is not None and not is_portal_loop(loop):
+            _hand_over_at_close(loop, lease, self)
         return lease
 
-    async def _renew(self, hub: Hub, lease: Lease, granted_at: float, pttl_ms: int) -> None:
+    async def _hand_over(self, lease: Lease) -> None:
+        """``lease``'s loop is closing: renew it on the portal loop from now on."""
+        renewal = lease._renewal
+        if renewal is None or renewal.stopped or lease.released or lease.lost:
+            return
+        running = renewal.cancel()
+        if running is not None:
+            await asyncio.gather(running, return_exceptions=True)
+        portal().loop.call_soon_threadsafe(self._renew_on_portal, lease, renewal.expires_at)
+
+    def _renew_on_portal(self, lease: Lease, expires_at: float) -> None:
+        if lease.releasing or lease.lost:
+            return
+        hub = hub_for(self.client)
+        loop = asyncio.get_running_loop()
+        lease._renewal = Renewal(
+            loop, loop.time(), expires_at, lambda r: self._renew(hub, lease, r)
+        )
+
+    async def _renew(self, hub: Hub, lease: Lease, renewal: Renewal) -> None:
         """Keep ``lease`` alive until released; mark it lost when Redis refuses.
 
-        Started by the lease's ``Renewal`` timer when the first renewal is due.
+        Started by the lease's ``Renewal`` timer when the first renewal is due;
+        keeps ``renewal.expires_at`` (loop time) up to date.
         """
         loop = asyncio.get_running_loop()
         settings = self.settings
         interval = settings.renew_every_s
-        expires_at = granted_at + pttl_ms / 1000
-        next_at = granted_at + min(interval, pttl_ms / 2000)
+        next_at = renewal.first_at
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             late = loop.time() - next_at
@@ -297,10 +342,11 @@ class FifoLock:
                 # Redis must learn it lost the lock when the lease expires, not
                 # whenever the client's own timeouts give up.
                 outcome, pttl_ms = await asyncio.wait_for(
-                    self._renew_once(hub, lease), max(RENEW_REPLY_FLOOR_S, expires_at - sent)
+                    self._renew_once(hub, lease),
+                    max(RENEW_REPLY_FLOOR_S, renewal.expires_at - sent),
                 )
             except (RedisUnavailable, asyncio.TimeoutError) as exc:
-                if loop.time() >= expires_at:
+                if loop.time() >= renewal.expires_at:
                     cause = getattr(exc, "cause", None) or "no reply"
                     self._lose(lease, f"Redis unreachable until the lease expired ({cause})")
                     return
@@ -314,7 +360,7 @@ class FifoLock:
                 )
                 self._lose(lease, reason)
                 return
-            expires_at = sent + pttl_ms / 1000
+            renewal.expires_at = sent + pttl_ms / 1000
             next_at = sent + min(interval, pttl_ms / 2000)
 
     async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
@@ -324,10 +370,11 @@ class FifoLock:
             )
 
     def _lose(self, lease: Lease, reason: str) -> None:
-        if lease._renewal is not None and lease._renewal.stopped:
+        if lease.releasing:
             # Released meanwhile: a renewal whose cancellation was swallowed
-            # (Python 3.11's wait_for can do that, bpo-42130) is refused after
-            # the release, which says nothing about the lease.
+            # (Python 3.11's wait_for can do that, bpo-42130), or that ran on
+            # another loop, is refused after the release, which says nothing
+            # about the lease.
             return
         lease.mark_lost(reason)
         log.warning("FIFO lock %r: lease fence %d lost: %s", self.name, lease.fence, reason)
@@ -353,6 +400,7 @@ class FifoLock:
             )
         if lease.released:
             return
+        lease.releasing = True
         renewal, stopped = lease._renewal, None
         if renewal is not None and renewal.loop is asyncio.get_running_loop():
             # Not awaited before the release is sent: a renewal cut off now never
@@ -364,8 +412,14 @@ class FifoLock:
         # else: the loop that acquired the lease is closed (as after an
         # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
-        async with hub.calls:
-            outcome = await self._protocol.release(hub.client, self.keys, lease.token, lease.fence)
+        try:
+            async with hub.calls:
+                outcome = await self._protocol.release(
+                    hub.client, self.keys, lease.token, lease.fence
+                )
+        except BaseException:
+            lease.releasing = False
+            raise
         lease.released = True
         if stopped is not None and not stopped.done():
             await asyncio.gather(stopped, return_exceptions=True)
@@ -399,3 +453,24 @@ class FifoLock:
             holder_ticket=grant.ticket if grant else None,
             lease_left_ms=grant.pttl_ms if grant else None,
         )
+
+
+_held_on: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Lease, FifoLock]
+] = weakref.WeakKeyDictionary()
+"""Per loop, the leases it renews that move to the portal when it closes."""
+
+
+def _hand_over_at_close(loop: asyncio.AbstractEventLoop, lease: Lease, lock: FifoLock) -> None:
+    leases = _held_on.get(loop)
+    if leases is None:
+        leases = _held_on[loop] = weakref.WeakKeyDictionary()
+        at_loop_close(loop, lambda: _hand_over_all(loop))
+    leases[lease] = lock
+
+
+async def _hand_over_all(loop: asyncio.AbstractEventLoop) -> None:
+    leases = _held_on.pop(loop, None)
+    if leases is None:
+        return
+    await asyncio.gather(*(lock._hand_over(lease) for lease, lock in list(leases.items())))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import warnings
+from collections.abc import Callable
 
+import pytest
 import redis
 from asgiref.sync import async_to_sync
 
-from redis_fifo_lock import FifoLock, LoopClients
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients
 
 
 def connections(url: str, name: str) -> int:
@@ -73,3 +76,51 @@ def test_a_lease_acquired_in_one_async_to_sync_call_is_released_in_another(
     assert async_to_sync(status)().holder_fence == lease.fence
     async_to_sync(release)(lease)
     assert not async_to_sync(status)().held
+
+
+
+def hold_across_closed_loop(redis_url: str, lock: Callable[[], FifoLock], lease_ms: int) -> bool:
+    """Acquire in one ``asyncio.run`` (whose loop then closes), watch the lock
+    from a plain client for 4 x ``lease_ms`` (many renewal intervals), then
+    release in another ``asyncio.run``. Returns whether the lease key was there
+    at every look; raises what the release raises. ``lock()`` is called on each
+    loop."""
+
+    async def acquire() -> Lease:
+        return await lock().acquire()
+
+    lease = asyncio.run(acquire())
+    watcher = redis.Redis.from_url(redis_url)
+    seen = []
+    try:
+        deadline = time.monotonic() + 4 * lease_ms / 1000
+        while time.monotonic() < deadline:
+            seen.append(bool(watcher.exists(f"fifolock:{{{lease.name}}}:lease")))
+            time.sleep(lease_ms / 10000)  # sampling the state, not waiting for it
+    finally:
+        watcher.close()
+
+    async def release() -> None:
+        await lock().release(lease)
+
+    asyncio.run(release())
+    return len(seen) > 10 and all(seen)
+
+
+def test_a_lease_outlives_the_loop_that_acquired_it_with_loop_clients(redis_url: str) -> None:
+    one = FifoLock(LoopClients(redis_url), "handed-over", lease_ms=300, poll_ms=100)
+    assert hold_across_closed_loop(redis_url, lambda: one, 300)
+
+
+def test_with_a_plain_client_the_lease_stops_renewing_when_its_loop_closes(
+    redis_url: str,
+) -> None:
+    # The control for the test above: with a client of its own loop, there is
+    # no client to hand the renewal to, so the lease lapses and release says so.
+    clients = LoopClients(redis_url)
+
+    def lock() -> FifoLock:
+        return FifoLock(clients.client(), "not-handed-over", lease_ms=300, poll_ms=100)
+
+    with pytest.raises(LeaseLost):
+        hold_across_closed_loop(redis_url, lock, 300)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
-from redis_fifo_lock.sync import portal
+from redis_fifo_lock.portal import portal
 from tests.support.record import Record, violations
 
 
