@@ -5,7 +5,14 @@ code; ``LoopClients`` gives each event loop its own client.
 """
 
 from .clients import LoopClients
-from .errors import LeaseLost, LockError, LockTimeout, LockUsageError, RedisUnavailable
+from .errors import (
+    LeaseLost,
+    LockError,
+    LockTimeout,
+    LockUsageError,
+    NotReplicated,
+    RedisUnavailable,
+)
 from .lease import Lease, LockStatus
 from .lock import FifoLock
 from .settings import LockSettings
@@ -21,6 +28,7 @@ __all__ = [
     "LockTimeout",
     "LockUsageError",
     "LoopClients",
+    "NotReplicated",
     "RedisUnavailable",
     "SyncFifoLock",
 ]

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from .protocol import AsyncClient
@@ -104,16 +104,37 @@ class LoopClients:
         )
 
     @classmethod
-    def cluster(cls, url: str | None = None, **connection_kwargs: Any) -> LoopClients:
+    def cluster(
+        cls,
+        url: str | None = None,
+        *,
+        nodes: Sequence[tuple[str, int]] = (),
+        **connection_kwargs: Any,
+    ) -> LoopClients:
         """Clients for Redis Cluster: one ``redis.asyncio.cluster.RedisCluster``
-        per loop, from a URL naming any node (``redis://host:port``) and/or
-        ``RedisCluster`` keyword arguments (``startup_nodes``, ``password``, ...).
+        per loop, discovering the cluster from ``url`` (``redis://host:port`` of
+        any node) and/or ``nodes`` (``(host, port)`` pairs).
+
+        Args:
+            url: a node's URL (str), or None.
+            nodes: more startup nodes; default none.
+            **connection_kwargs: other ``RedisCluster`` arguments (``password``,
+                ``ssl``, ``socket_timeout``...).
+
+        Raises:
+            TypeError: neither ``url`` nor ``nodes`` given.
         """
+        addresses = [(str(host), int(port)) for host, port in nodes]
+        if url is None and not addresses:
+            raise TypeError("LoopClients.cluster() needs a node URL or nodes")
 
         def build() -> AsyncClient:
+            kwargs = dict(connection_kwargs)
+            if addresses:
+                kwargs["startup_nodes"] = [ClusterNode(host, port) for host, port in addresses]
             if url is not None:
-                return RedisCluster.from_url(url, **connection_kwargs)
-            return RedisCluster(**connection_kwargs)
+                return RedisCluster.from_url(url, **kwargs)
+            return RedisCluster(**kwargs)
 
         clients = cls(factory=build)
         clients.url = url

@@ -7,16 +7,31 @@ is for, however many processes wait. A process subscribes to the channel of
 each of its wait groups and routes each ring to that group's waiters. The
 doorbell is only an optimisation: a lost ring costs latency, never correctness,
 because every waiting process also polls (see ``waiting.py``).
+
+When the subscription's connection breaks, redis-py reconnects it (and
+subscribes again) before raising the error if the server is still there; the
+doorbell then reads on. If not, the doorbell builds a new pub/sub from the
+client and subscribes it to every watched channel again, every
+``RECONNECT_DELAY_S`` until that works. Rebuilding (rather than letting the
+broken pub/sub reconnect to its own address) matters on Redis Cluster: a
+``ClusterPubSub`` stays bound to the node it first connected to, which may
+never come back after a failover. A new one goes to the node the client's slot
+map names for the first channel, and if that fails (the map may still name the
+dead node), to each other node the client knows: with classic pub/sub any node
+hears every ring.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
+import redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from .protocol import AsyncClient, Grant
 
@@ -26,6 +41,17 @@ Ring = Callable[[str, Grant], None]
 """Called with (token, grant) for every grant rung on a channel."""
 
 RECONNECT_DELAY_S = 0.5
+"""Pause, in seconds, before a broken subscription is rebuilt (and between tries)."""
+
+RESUBSCRIBE_TIMEOUT_S = 2.0
+"""Longest wait, in seconds, for a rebuilt subscription to one node to be sent."""
+
+FAILURES = (RedisError, RedisClusterException, OSError)
+"""What a pub/sub call raises when Redis (or a cluster node) cannot be reached.
+``RedisClusterException`` (e.g. ``SlotNotCoveredError``) is not a ``RedisError``."""
+
+_warned_no_pubsub: set[type] = set()
+"""Client classes already warned about having no asyncio pub/sub, in this process."""
 
 
 class Doorbell:
@@ -41,31 +67,32 @@ class Doorbell:
         self._reader: asyncio.Task[None] | None = None
         self._change = asyncio.Lock()
 
-    async def watch(self, channel: str, ring: Ring) -> None:
-        """Subscribe to ``channel`` and return once Redis confirmed it, so that no
-        grant published after this returns can be missed.
+    async def watch(self, channel: str, ring: Ring) -> bool:
+        """Subscribe to ``channel`` and return True once Redis confirmed it, so that
+        no grant published after this returns can be missed.
+
+        Returns False at once, subscribing nothing, when the client has no
+        asyncio pub/sub at all (``redis.asyncio.RedisCluster`` before redis-py
+        8.0): its waiters rely on polling. A warning says so once per process.
 
         Raises:
-            redis.exceptions.RedisError: when the subscription fails; the caller
-                falls back to polling.
+            redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
+            OSError: when the subscription fails; the caller falls back to polling
+                and calls ``unwatch``.
         """
         async with self._change:
+            if self._pubsub is None:
+                factories = self._factories()
+                if not factories:
+                    return False
+                self._pubsub = factories[0]()
             self._handlers[channel] = ring
             confirmed = self._confirmed.setdefault(channel, asyncio.Event())
-            if self._pubsub is None:
-                client = self._client()
-                if client is None:
-                    raise RuntimeError("the doorbell's Redis client was garbage-collected")
-                # On Redis Cluster this is a ClusterPubSub: its one connection
-                # goes to the master owning the first channel's slot, and the
-                # channels of all other locks ride on it too, which is right
-                # for classic (not sharded) pub/sub: a PUBLISH, also one made
-                # by a script, is broadcast to every node of the cluster.
-                self._pubsub = client.pubsub()
             await self._pubsub.subscribe(channel)
             if self._reader is None or self._reader.done():
-                self._reader = asyncio.create_task(self._read(self._pubsub))
+                self._reader = asyncio.create_task(self._read())
         await confirmed.wait()
+        return True
 
     async def unwatch(self, channel: str, ring: Ring) -> None:
         """Stop routing ``channel`` to ``ring``; drop the connection when nothing is
@@ -81,7 +108,7 @@ class Doorbell:
             if self._handlers:
                 try:
                     await pubsub.unsubscribe(channel)
-                except RedisError:
+                except FAILURES:
                     log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
                 return
             self._pubsub, reader, self._reader = None, self._reader, None
@@ -97,18 +124,86 @@ class Doorbell:
         if pubsub is not None:
             await _stop(reader, pubsub)
 
-    async def _read(self, pubsub: PubSub) -> None:
+    def _factories(self) -> list[Callable[[], PubSub]]:
+        """Ways to make a new, unsubscribed pub/sub of the client, best first:
+        the client's own choice, then on a cluster one bound to each node the
+        client knows. Empty when the client has no pub/sub (warned once)."""
+        client = self._client()
+        if client is None:
+            raise RuntimeError("the doorbell's Redis client was garbage-collected")
+        make = getattr(client, "pubsub", None)
+        if make is None:
+            _warn_no_pubsub(client)
+            return []
+        # On Redis Cluster this is a ClusterPubSub: its one connection goes to
+        # the master owning the first channel's slot, and the channels of all
+        # other locks ride on it too, which is right for classic (not sharded)
+        # pub/sub: a PUBLISH, also one made by a script, is broadcast to every
+        # node of the cluster, replicas included.
+        factories: list[Callable[[], PubSub]] = [make]
+        if isinstance(client, RedisCluster):
+            factories += [functools.partial(make, node=node) for node in client.get_nodes()]
+        return factories
+
+    async def _read(self) -> None:
+        """Route rings until cancelled, rebuilding the subscription when it breaks."""
+        failures = 0
         while True:
+            pubsub = self._pubsub
+            if pubsub is None:
+                return
             try:
                 message = await pubsub.get_message(timeout=None)
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError):
-                log.debug("doorbell connection lost; reconnecting", exc_info=True)
+            except FAILURES:
+                failures += 1
+                if failures == 1 and _connected(pubsub):
+                    # redis-py reconnected it (subscribing again) before raising
+                    # the error: read on, rings may be waiting in it already.
+                    continue
+                log.debug("doorbell connection lost; resubscribing", exc_info=True)
                 await asyncio.sleep(RECONNECT_DELAY_S)
+                await self._resubscribe(pubsub)
                 continue
+            failures = 0
             if message is not None:
                 self._dispatch(message)
+
+    async def _resubscribe(self, broken: PubSub) -> None:
+        """Replace ``broken`` by a new pub/sub subscribed to every watched channel.
+
+        On failure ``broken`` stays in place: the reader reads it again (it may
+        reconnect by itself) and comes back here after the next delay.
+        """
+        async with self._change:
+            channels = list(self._handlers)
+            if self._pubsub is not broken or not channels:
+                return  # closed or replaced meanwhile, or about to be dropped
+            fresh = await self._subscribed(channels)
+            if fresh is None:
+                return
+            self._pubsub = fresh
+            await _close(broken)
+        log.info("doorbell: subscription rebuilt for %d channel(s)", len(channels))
+
+    async def _subscribed(self, channels: list[str]) -> PubSub | None:
+        """The first new pub/sub that subscribed to ``channels``; None if none did."""
+        for factory in self._factories():
+            try:
+                fresh = factory()
+            except FAILURES:  # e.g. a node the client dropped meanwhile
+                continue
+            try:
+                await asyncio.wait_for(fresh.subscribe(*channels), RESUBSCRIBE_TIMEOUT_S)
+            except BaseException as exc:
+                await _close(fresh)
+                if isinstance(exc, (*FAILURES, asyncio.TimeoutError)):
+                    log.debug("doorbell: resubscribing failed; next node", exc_info=True)
+                    continue
+                raise
+            return fresh
+        return None
 
     def _dispatch(self, message: dict[str, object]) -> None:
         channel = _text(message["channel"])
@@ -120,18 +215,47 @@ class Doorbell:
             ring = self._handlers.get(channel)
             if ring is None:
                 return
-            token, fence, ticket, pttl_ms = _text(message["data"]).split(" ")
-            ring(token, Grant(int(fence), int(ticket), int(pttl_ms)))
+            try:
+                token, fence, ticket, pttl_ms = _text(message["data"]).split(" ")
+                grant = Grant(int(fence), int(ticket), int(pttl_ms))
+            except ValueError:
+                # Not rung by the lock's scripts: ignored (the poll is the truth).
+                log.debug("doorbell: ignored a malformed ring on %s", channel)
+                return
+            ring(token, grant)
+
+
+def _warn_no_pubsub(client: AsyncClient) -> None:
+    kind = type(client)
+    if kind in _warned_no_pubsub:
+        return
+    _warned_no_pubsub.add(kind)
+    log.warning(
+        "redis-py %s's asyncio %s has no pubsub() (it came in redis-py 8.0): FIFO locks "
+        "on it work without the doorbell, and each hand-off waits for the next waiter's "
+        "poll (up to poll_ms); upgrade redis-py for immediate hand-offs",
+        redis.__version__,
+        kind.__name__,
+    )
+
+
+def _connected(pubsub: PubSub) -> bool:
+    connection = pubsub.connection
+    return connection is not None and bool(connection.is_connected)
+
+
+async def _close(pubsub: PubSub) -> None:
+    try:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+    except FAILURES:
+        log.debug("doorbell: closing the pub/sub connection failed", exc_info=True)
 
 
 async def _stop(reader: asyncio.Task[None] | None, pubsub: PubSub) -> None:
     if reader is not None:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
-    try:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
-    except RedisError:
-        log.debug("doorbell: closing the pub/sub connection failed", exc_info=True)
+    await _close(pubsub)
 
 
 def _text(value: object) -> str:

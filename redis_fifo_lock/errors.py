@@ -88,6 +88,36 @@ class RedisUnavailable(LockError):
         return (type(self), self.args, dict(self.__dict__, cause=None))
 
 
+class NotReplicated(RedisUnavailable):
+    """Redis made a grant, but not enough replicas confirmed having it in time.
+
+    Raised by ``acquire()`` on a lock set up with ``replicas=N`` when fewer than
+    N replicas acknowledged the grant within ``replica_wait_ms`` (Redis
+    ``WAIT``): a failover could lose it, and with it the fence. The grant has
+    been given back (or, if that failed too, expires within ``lease_ms``);
+    retry once the replicas are back. A renewal that is not acknowledged is
+    retried instead, and the lease is lost (``lease.lost``) if none is
+    acknowledged before it expires.
+
+    Attributes:
+        replicas: acknowledgements required (int, the lock's ``replicas``).
+        acknowledged: acknowledgements received (int).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        message: str,
+        *,
+        replicas: int = 0,
+        acknowledged: int = 0,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(name, message, cause=cause)
+        self.replicas = replicas
+        self.acknowledged = acknowledged
+
+
 class LockUsageError(LockError, RuntimeError):
     """The lock was used in a way that cannot work (a programming error).
 

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 import redis
 
 from .clients import LoopClients, at_loop_close
-from .errors import LeaseLost, LockTimeout, LockUsageError, RedisUnavailable
+from .errors import LeaseLost, LockTimeout, LockUsageError, NotReplicated, RedisUnavailable
 from .lease import Lease, LockStatus, Renewal
 from .portal import is_portal_loop, portal
 from .protocol import (
@@ -98,9 +98,16 @@ class FifoLock:
             ``lease_ms / 2``.
         max_hold_ms: milliseconds one grant may be renewed in total (default
             1_800_000); afterwards renewal is refused and ``lease.lost`` is set.
+        replicas: replicas (int) that must acknowledge each grant and renewal
+            before it counts (default 0: none); for Sentinel set-ups, see
+            ``LockSettings``. ``acquire`` then raises ``NotReplicated`` for a
+            grant that is not acknowledged. Not for Redis Cluster.
+        replica_wait_ms: milliseconds to wait for those acknowledgements
+            (default None: a tenth of ``lease_ms``, at most 1000).
 
     Raises:
-        ValueError: naming the setting, for a bad name or settings.
+        ValueError: naming the setting, for a bad name or settings, or
+            ``replicas`` with a ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``.
 
@@ -122,6 +129,8 @@ class FifoLock:
         lease_ms: int = 60_000,
         poll_ms: int = 30_000,
         max_hold_ms: int = 1_800_000,
+        replicas: int = 0,
+        replica_wait_ms: int | None = None,
     ) -> None:
         if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
             raise TypeError(
@@ -131,14 +140,25 @@ class FifoLock:
         self.name = check_name(name)
         try:
             self.settings = LockSettings(
-                lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms
+                lease_ms=lease_ms,
+                poll_ms=poll_ms,
+                max_hold_ms=max_hold_ms,
+                replicas=replicas,
+                replica_wait_ms=replica_wait_ms,
             )
         except ValueError as exc:
             raise ValueError(f"FIFO lock {name!r}: {exc}") from None
+        if replicas and isinstance(redis_client, redis.asyncio.RedisCluster):
+            raise ValueError(
+                f"FIFO lock {name!r}: replicas={replicas} is not supported on Redis Cluster "
+                "(WAIT cannot follow the script on its connection there); use replicas=0"
+            )
         self.clients = redis_client if isinstance(redis_client, LoopClients) else None
         self._client = None if isinstance(redis_client, LoopClients) else redis_client
         self.keys = LockKeys(self.name)
-        self._protocol: Protocol = PROTOCOL
+        self._protocol: Protocol = PROTOCOL.acknowledged(
+            self.settings.replicas, self.settings.ack_wait_ms
+        )
 
     def __repr__(self) -> str:
         return f"<FifoLock {self.name!r} lease_ms={self.settings.lease_ms}>"
@@ -209,6 +229,8 @@ class FifoLock:
                     raise self._timed_out(group, started, wait_s)
                 group.wait(waiter, ticket)
                 grant = await self._wait(group, waiter, started, wait_s)
+                if self.settings.replicas:
+                    grant = await self._confirm(hub, token, grant)
         finally:
             group.leave(token)
         return self._start_lease(hub, token, grant)
@@ -225,6 +247,39 @@ class FifoLock:
             # reaches Redis after the enqueue it undoes.
             await asyncio.shield(self._withdraw_after(hub, call, token))
             raise
+        except NotReplicated:
+            # Granted, but a failover could lose the grant: give it back.
+            await asyncio.shield(self._withdraw(hub, token))
+            raise
+
+    async def _confirm(self, hub: Hub, token: str, grant: Grant) -> Grant:
+        """Count a grant made by another script call (a release, a poll) only once
+        ``replicas`` replicas have it: renew it with ``WAIT`` in one round trip.
+
+        Raises:
+            NotReplicated: the grant vanished or was not acknowledged in time;
+                it was given back.
+            RedisUnavailable: Redis could not be reached; it was given back if
+                Redis could be reached for that.
+        """
+        try:
+            async with hub.calls:
+                outcome, pttl_ms = await self._protocol.renew(
+                    hub.client, self.keys, token, grant.fence, self.settings.lease_ms
+                )
+        except BaseException:
+            # Also on cancellation. In either order with the renewal, the
+            # withdrawal wins: a renewal cannot bring a given-back grant back.
+            await asyncio.shield(self._withdraw(hub, token))
+            raise
+        if outcome != RENEWED:
+            raise NotReplicated(
+                self.name,
+                f"the grant of fence {grant.fence} was gone before {self.settings.replicas} "
+                "replica(s) could confirm it (a failover lost it, or it expired unseen)",
+                replicas=self.settings.replicas,
+            )
+        return Grant(grant.fence, grant.ticket, pttl_ms)
 
     async def _wait(
         self, group: WaitGroup, waiter: Waiter, started: float, wait_s: float | None
@@ -325,6 +380,7 @@ class FifoLock:
         settings = self.settings
         interval = settings.renew_every_s
         next_at = renewal.first_at
+        failure = "no reply"  # why the latest renewals failed, for the loss's reason
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             late = loop.time() - next_at
@@ -346,9 +402,10 @@ class FifoLock:
                     max(RENEW_REPLY_FLOOR_S, renewal.expires_at - sent),
                 )
             except (RedisUnavailable, asyncio.TimeoutError) as exc:
+                # NotReplicated has no redis-py cause: its message says why.
+                failure = str(getattr(exc, "cause", None) or getattr(exc, "message", failure))
                 if loop.time() >= renewal.expires_at:
-                    cause = getattr(exc, "cause", None) or "no reply"
-                    self._lose(lease, f"Redis unreachable until the lease expired ({cause})")
+                    self._lose(lease, f"no renewal succeeded before the lease expired ({failure})")
                     return
                 next_at = loop.time() + min(RENEW_RETRY_S, interval)
                 continue

@@ -4,11 +4,19 @@ Each state transition is one Lua script in ``lua/``, loaded once per server and
 run with EVALSHA (reloaded on NOSCRIPT). Each method here runs one script and
 turns its reply into a small typed value; redis-py errors become
 ``RedisUnavailable`` naming the lock. Nothing here keeps state between calls.
+
+A protocol made by ``Protocol.acknowledged(replicas, wait_ms)`` sends the
+acquire and renew scripts in one pipeline with ``WAIT replicas wait_ms``, on
+the same connection and in the same round trip, and counts a grant or renewal
+only when enough replicas acknowledged it (``NotReplicated`` otherwise).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
@@ -16,12 +24,24 @@ from typing import Any, TypeAlias
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
-from .errors import RedisUnavailable
+from .errors import LockUsageError, NotReplicated, RedisUnavailable
 
 AsyncClient: TypeAlias = "Redis | RedisCluster"
 """The clients the lock runs on: one server (``Redis``) or a Redis Cluster."""
+
+_NON_LOCAL_KEY = "Script attempted to access a non local key"
+"""Start of the error a Redis Cluster node raises inside a script that touches a
+key it does not have while the key's slot is migrating (Redis 7 wording)."""
 
 KEY_PREFIX = "fifolock"
 """Prefix of every key and channel the lock uses: ``fifolock:{<name>}:<part>``."""
@@ -81,6 +101,45 @@ class Script:
             # on a single server, too.
             return await client.eval(self.source, len(keys), *keys, *args)
 
+    async def run_acknowledged(
+        self, client: Redis, keys: list[str], args: list[Any], replicas: int, wait_ms: int
+    ) -> tuple[Any, int]:
+        """Run the script, then ``WAIT replicas wait_ms``, in one round trip.
+
+        Both go in one non-transactional pipeline, so on one connection, where
+        ``WAIT`` waits for the replication of everything the master had
+        written when the script ended (the script's own writes included).
+
+        Returns:
+            The script's reply and the number of replicas that acknowledged.
+        """
+        reply, acked = await self._pipeline(
+            client, "EVALSHA", self.sha, keys, args, replicas, wait_ms
+        )
+        if isinstance(reply, NoScriptError):
+            reply, acked = await self._pipeline(
+                client, "EVAL", self.source, keys, args, replicas, wait_ms
+            )
+        for result in (reply, acked):
+            if isinstance(result, Exception):
+                raise result
+        return reply, int(acked)
+
+    @staticmethod
+    async def _pipeline(
+        client: Redis,
+        command: str,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        replicas: int,
+        wait_ms: int,
+    ) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command(command, script, len(keys), *keys, *args)
+        pipe.execute_command("WAIT", replicas, wait_ms)
+        return await pipe.execute(raise_on_error=False)
+
 
 @dataclass(frozen=True)
 class Grant:
@@ -125,24 +184,107 @@ class Protocol:
     """The scripts of the lock, one method per script.
 
     Tests swap in variants of single scripts to build deliberately broken locks
-    (mutants); production code uses the module-level ``PROTOCOL``.
+    (mutants); production code uses the module-level ``PROTOCOL``, or its
+    ``acknowledged`` variant for locks with ``replicas``.
+
+    Attributes:
+        replicas: replicas (int) that must acknowledge each grant and renewal;
+            0 for none (no ``WAIT`` is sent).
+        wait_ms: ``WAIT`` timeout (int, milliseconds) when ``replicas`` > 0.
     """
+
+    replicas: int = 0
+    wait_ms: int = 0
 
     def __init__(self, **overrides: Script) -> None:
         names = ("acquire", "release", "renew", "withdraw", "poll", "status")
         self.scripts = {name: overrides.get(name) or Script(f"{name}.lua") for name in names}
+        self._variants: dict[tuple[int, int], Protocol] = {}
+
+    def acknowledged(self, replicas: int, wait_ms: int) -> Protocol:
+        """This protocol, counting grants and renewals only once ``replicas``
+        replicas acknowledged them within ``wait_ms`` milliseconds.
+
+        Returns ``self`` when ``replicas`` is 0. Variants share the scripts and
+        are cached, so locks with equal settings share one (and one wait group).
+        """
+        if replicas == 0:
+            return self
+        variant = self._variants.get((replicas, wait_ms))
+        if variant is None:
+            variant = copy.copy(self)  # shares self.scripts
+            variant.replicas, variant.wait_ms = replicas, wait_ms
+            variant._variants = {}
+            self._variants[(replicas, wait_ms)] = variant
+        return variant
 
     async def _call(self, client: AsyncClient, keys: LockKeys, script: str, *args: Any) -> Any:
-        try:
+        with self._translated(keys, script):
             return await self.scripts[script].run(client, keys.all, list(args))
+
+    async def _call_acknowledged(
+        self, client: AsyncClient, keys: LockKeys, script: str, *args: Any
+    ) -> tuple[Any, int]:
+        """Run ``script`` followed by ``WAIT``; (reply, replicas that acknowledged)."""
+        if isinstance(client, RedisCluster):
+            # A cluster pipeline sends WAIT (no key) to some node over some
+            # connection, not after the script on the script's connection.
+            raise LockUsageError(
+                keys.name,
+                f"replicas={self.replicas} is not supported on Redis Cluster (WAIT cannot "
+                "follow the script on its connection there); use replicas=0",
+            )
+        with self._translated(keys, script):
+            return await self.scripts[script].run_acknowledged(
+                client, keys.all, list(args), self.replicas, self.wait_ms
+            )
+
+    def _not_replicated(self, keys: LockKeys, what: str, acked: int) -> NotReplicated:
+        return NotReplicated(
+            keys.name,
+            f"{what} was acknowledged by {acked} of the {self.replicas} replica(s) required "
+            f"within {self.wait_ms} ms; a failover could lose it. Check the replicas "
+            "(INFO replication), or lower replicas / raise replica_wait_ms",
+            replicas=self.replicas,
+            acknowledged=acked,
+        )
+
+    @contextmanager
+    def _translated(self, keys: LockKeys, script: str) -> Iterator[None]:
+        """Turn redis-py errors raised in the block into ``RedisUnavailable``."""
+        try:
+            yield
+        except (ClusterError, AskError, TryAgainError) as exc:
+            # Redirections redis-py gave up on (ClusterError "TTL exhausted"), or
+            # that it does not follow: the slot is moving or failing over, and the
+            # script did not run. (AskError covers MovedError.)
+            raise RedisUnavailable(
+                keys.name,
+                f"Redis Cluster did not run the {script} script: {type(exc).__name__}: {exc}; "
+                "the lock's slot is moving between masters or failing over: retry",
+                cause=exc,
+            ) from exc
         except ResponseError as exc:
+            if _NON_LOCAL_KEY in str(exc):
+                # A script admitted on the master a slot migrates from (all keys
+                # there) that then touches a key it deleted itself: the release or
+                # withdrawal went through, its hand-off did not and is left to
+                # the waiters' next poll. Retrying the call finds it done.
+                raise RedisUnavailable(
+                    keys.name,
+                    f"the {script} script was cut short as the lock's slot started moving "
+                    f"to another master ({exc}); it may have taken effect in part: retry",
+                    cause=exc,
+                ) from exc
             raise RedisUnavailable(
                 keys.name,
                 f"Redis refused the {script} script: {exc}; if it names a key of this lock, "
                 "something other than the lock wrote to it",
                 cause=exc,
             ) from exc
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
+            # RedisClusterException (e.g. SlotNotCoveredError, no node reachable)
+            # is not a RedisError, and would otherwise escape untyped.
             raise RedisUnavailable(
                 keys.name,
                 f"Redis failed during {script}: {type(exc).__name__}: {exc}; "
@@ -160,20 +302,22 @@ class Protocol:
         max_hold_ms: int,
         alive_ms: int,
     ) -> tuple[Grant | None, int, int]:
-        """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0)."""
-        reply = await self._call(
-            client,
-            keys,
-            "acquire",
-            keys.doorbell,
-            token,
-            session,
-            lease_ms,
-            max_hold_ms,
-            alive_ms,
-        )
+        """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
+
+        Raises:
+            NotReplicated: (with ``replicas``) granted, but not acknowledged by
+                enough replicas; the grant is still made, for the caller to give back.
+        """
+        args = (keys.doorbell, token, session, lease_ms, max_hold_ms, alive_ms)
+        acked = 0
+        if self.replicas:
+            reply, acked = await self._call_acknowledged(client, keys, "acquire", *args)
+        else:
+            reply = await self._call(client, keys, "acquire", *args)
         if reply[0] == 1:
             grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]))
+            if acked < self.replicas:
+                raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
             return grant, grant.ticket, grant.fence
         return None, int(reply[1]), int(reply[2])
 
@@ -184,9 +328,23 @@ class Protocol:
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, lease_ms: int
     ) -> tuple[int, int]:
-        """Renew (token, fence); returns (RENEWED|RENEW_REFUSED|MAX_HOLD_REACHED, pttl_ms)."""
-        reply = await self._call(client, keys, "renew", token, fence, lease_ms)
-        return int(reply[0]), int(reply[1]) if len(reply) > 1 else 0
+        """Renew (token, fence); returns (RENEWED|RENEW_REFUSED|MAX_HOLD_REACHED, pttl_ms).
+
+        Raises:
+            NotReplicated: (with ``replicas``) renewed, but not acknowledged by
+                enough replicas: the renewal does not count.
+        """
+        acked = 0
+        if self.replicas:
+            reply, acked = await self._call_acknowledged(
+                client, keys, "renew", token, fence, lease_ms
+            )
+        else:
+            reply = await self._call(client, keys, "renew", token, fence, lease_ms)
+        outcome = int(reply[0])
+        if outcome == RENEWED and acked < self.replicas:
+            raise self._not_replicated(keys, f"the renewal of fence {fence}", acked)
+        return outcome, int(reply[1]) if len(reply) > 1 else 0
 
     async def withdraw(self, client: AsyncClient, keys: LockKeys, token: str) -> int:
         """Withdraw ``token``; returns WITHDRAWN, GAVE_BACK or NOTHING."""

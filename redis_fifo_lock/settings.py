@@ -12,6 +12,9 @@ MAX_MS = 31_536_000_000
 scripts do integer arithmetic on server time plus these values; far larger
 numbers would lose precision in Lua.)"""
 
+MAX_REPLICA_WAIT_MS = 1000
+"""Longest default ``replica_wait_ms``, in milliseconds (see ``LockSettings``)."""
+
 
 def check_name(name: object) -> str:
     """Return ``name`` if it can name a lock, else raise ``ValueError`` saying why.
@@ -55,6 +58,16 @@ def _positive_ms(setting: str, value: object) -> int:
     return value
 
 
+def _count(setting: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{setting} must be a whole number (int), got {type(value).__name__}: {value!r}"
+        )
+    if value < 0:
+        raise ValueError(f"{setting} must be 0 or more, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class LockSettings:
     """The timing settings of a lock, validated on construction.
@@ -67,6 +80,18 @@ class LockSettings:
             Default 30_000.
         max_hold_ms: how long (int, milliseconds) one grant may be renewed in
             total. Must be at least ``lease_ms``. Default 1_800_000.
+        replicas: how many replicas (int) must have each grant and renewal
+            before it counts (Redis ``WAIT``, sent in the same round trip as
+            the script). Default 0: count what the master replied, as plain
+            Redis does. With Sentinel, 1 or more makes a grant or renewal
+            survive a failover to a replica that acknowledged it; a grant that
+            is not acknowledged in time is given back and ``acquire`` raises
+            ``NotReplicated``, and a renewal that is not acknowledged counts as
+            failed. Not supported on Redis Cluster.
+        replica_wait_ms: how long (int, milliseconds) each grant or renewal
+            waits for the ``replicas`` acknowledgements (the ``WAIT`` timeout).
+            At most ``lease_ms / 3``, the renewal interval. Default None: a
+            tenth of ``lease_ms``, at most 1000 ms (see ``ack_wait_ms``).
 
     Raises:
         ValueError: naming the setting, when a value is not a positive int
@@ -76,6 +101,8 @@ class LockSettings:
     lease_ms: int = 60_000
     poll_ms: int = 30_000
     max_hold_ms: int = 1_800_000
+    replicas: int = 0
+    replica_wait_ms: int | None = None
 
     def __post_init__(self) -> None:
         _positive_ms("lease_ms", self.lease_ms)
@@ -92,6 +119,22 @@ class LockSettings:
             raise ValueError(
                 f"max_hold_ms ({self.max_hold_ms}) must be at least lease_ms ({self.lease_ms})"
             )
+        _count("replicas", self.replicas)
+        if self.replica_wait_ms is not None:
+            _positive_ms("replica_wait_ms", self.replica_wait_ms)
+            if self.replica_wait_ms * 3 > self.lease_ms:
+                raise ValueError(
+                    f"replica_wait_ms ({self.replica_wait_ms}) must be at most a third of "
+                    f"lease_ms ({self.lease_ms}): a renewal must not wait past the next one"
+                )
+
+    @property
+    def ack_wait_ms(self) -> int:
+        """Milliseconds each grant or renewal waits for its replica acknowledgements:
+        ``replica_wait_ms``, or by default a tenth of ``lease_ms``, at most 1000."""
+        if self.replica_wait_ms is not None:
+            return self.replica_wait_ms
+        return max(1, min(MAX_REPLICA_WAIT_MS, self.lease_ms // 10))
 
     @property
     def renew_every_s(self) -> float:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .doorbell import Doorbell
 from .errors import LockUsageError, RedisUnavailable
@@ -154,10 +154,11 @@ class WaitGroup:
         try:
             # Half a lease at most: the first poll waits for this, and must still
             # come before a grant made meanwhile could expire.
-            await asyncio.wait_for(
+            # False: the client has no pub/sub (the doorbell warned once).
+            return await asyncio.wait_for(
                 self.hub.doorbell.watch(channel, self.ring), self.settings.lease_ms / 2000
             )
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (RedisError, RedisClusterException, OSError, asyncio.TimeoutError) as exc:
             log.warning(
                 "FIFO lock %r: doorbell unavailable (%s); waiters rely on polling every %d ms",
                 self.keys.name,
@@ -166,7 +167,6 @@ class WaitGroup:
             )
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
-        return True
 
     async def _poll_once(self) -> float:
         """One poll; returns seconds until the next one."""
@@ -202,7 +202,8 @@ class WaitGroup:
         # process was presumed dead (it could not poll for a whole lease).
         log.warning(
             "FIFO lock %r: request %s (ticket %s) lost its place in the queue and "
-            "joins it again at the back; is the event loop blocked for long stretches?",
+            "joins it again at the back: its process could not poll for a whole lease "
+            "(event loop blocked, or Redis unreachable, for that long)",
             self.keys.name,
             waiter.token,
             waiter.ticket,
@@ -265,11 +266,11 @@ class Hub:
             _checked_servers.add(server)
         try:
             async with self.calls:
-                policies = await _eviction_policies(self.client)
+                policies = await eviction_policies(self.client)
         except ResponseError:
             log.debug("CONFIG GET is disabled on this server; eviction policy not checked")
             return
-        except RedisError:
+        except (RedisError, RedisClusterException):
             self._policy_checked = False
             _checked_servers.discard(server)
             return
@@ -292,8 +293,14 @@ _checked_servers: set[tuple[object, ...]] = set()
 """Servers whose eviction policy this process has checked, by address."""
 
 
-async def _eviction_policies(client: AsyncClient) -> set[str]:
-    """The distinct ``maxmemory-policy`` values of the server(s) behind ``client``."""
+async def eviction_policies(client: AsyncClient) -> set[str]:
+    """The distinct ``maxmemory-policy`` values (str) of the server(s) behind
+    ``client``: its one server, or every primary of a Redis Cluster.
+
+    Raises:
+        redis.exceptions.ResponseError: a server refuses ``CONFIG GET``.
+        redis.exceptions.RedisError: a server cannot be reached.
+    """
     replies: list[dict[Any, Any]]
     if isinstance(client, RedisCluster):
         # Redis Cluster: redis-py sends CONFIG GET to one (the default) node

@@ -7,13 +7,21 @@ import pickle
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redis_fifo_lock import LeaseLost, LockError, LockTimeout, LockUsageError, RedisUnavailable
+from redis_fifo_lock import (
+    LeaseLost,
+    LockError,
+    LockTimeout,
+    LockUsageError,
+    NotReplicated,
+    RedisUnavailable,
+)
 
 ERRORS = [
     LockError("jobs", "something"),
     LeaseLost("jobs", "lost it", fence=7, token="t"),
     LockTimeout("jobs", "too slow", waited=1.5, holder_fence=3),
     RedisUnavailable("jobs", "down", cause=RedisConnectionError("refused")),
+    NotReplicated("jobs", "not on the replicas", replicas=2, acknowledged=1),
     LockUsageError("jobs", "misuse"),
 ]
 

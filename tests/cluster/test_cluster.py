@@ -23,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.cluster import RedisCluster as SyncRedisCluster
 
 from redis_fifo_lock import FifoLock
-from tests.cluster.conftest import LocalCluster
+from tests.cluster.conftest import LocalCluster, needs_cluster_pubsub
 from tests.support.polling import until
 from tests.support.record import Record, violations
 
@@ -142,6 +142,7 @@ async def test_a_killed_holder_is_replaced_within_one_lease_with_a_higher_fence(
     assert waited_ms < 1000 + 200 + 300, waited_ms  # lease + one poll + slack
 
 
+@needs_cluster_pubsub
 async def test_hand_off_is_rung_on_the_doorbell_well_before_a_poll(
     acluster: RedisCluster, redis_cluster: LocalCluster
 ) -> None:

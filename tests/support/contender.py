@@ -1,9 +1,10 @@
 """A contender process: acquires a lock, records its hold, releases.
 
 Run as ``python -m tests.support.contender --url URL --name NAME --record PATH``
-with options below. Prints ``queued <token>`` once its first request is queued
-(or ``granted`` if it got the lock at once) so a test can order processes by
-arrival, then ``done`` at the end.
+with options below; a URL ``sentinel://HOST:PORT[,HOST:PORT...]/SERVICE`` finds
+the master of SERVICE through those sentinels. Prints ``queued <token>`` once
+its first request is queued (or ``granted`` if it got the lock at once) so a
+test can order processes by arrival, then ``done`` at the end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from redis_fifo_lock import FifoLock
+from redis_fifo_lock import FifoLock, LoopClients
 from tests.support.polling import until
 from tests.support.record import Record
 
@@ -36,8 +37,19 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def connect(url: str, cluster: bool) -> Redis | RedisCluster:
+    """A client for ``url`` on the running loop (see the module docstring)."""
+    if url.startswith("sentinel://"):
+        addresses, _, service = url.removeprefix("sentinel://").partition("/")
+        pairs = (address.rpartition(":") for address in addresses.split(","))
+        sentinels = [(host, int(port)) for host, _, port in pairs]
+        # Closed with the loop, sentinel connections included.
+        return LoopClients.sentinel(sentinels, service).client()
+    return RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+
+
 async def contend(args: argparse.Namespace) -> None:
-    client = RedisCluster.from_url(args.url) if args.cluster else Redis.from_url(args.url)
+    client = connect(args.url, args.cluster)
     lock = FifoLock(client, args.name, lease_ms=args.lease_ms, poll_ms=args.poll_ms)
     record = Record(args.record)
 
