@@ -5,7 +5,8 @@ task body holding a FIFO lock; ``policy=`` chooses what a task does when the
 lock is busy (``wait``, ``retry``, ``skip``: see ``fifolock_celery.policies``);
 ``current_lease()`` gives the body its lease and fence; ``lock_for(app, name)``
 builds a ``SyncFifoLock`` from the app's ``fifo_lock_*`` settings (see
-``fifolock_celery.settings``) for locking by hand.
+``fifolock_celery.settings``; Sentinel and Redis Cluster servers in
+``fifolock_celery.server``) for locking by hand.
 
 Importing this package also connects two worker signal receivers (start-up
 warnings, per-process clients): see ``fifolock_celery.worker``.
@@ -16,11 +17,13 @@ from .clients import clients_for, lock_for
 from .decorator import UNSET, LockSpec, fifo_locked
 from .lease import current_lease
 from .policies import CONTENTION_HEADER, SKIPPED, Policy
+from .server import LockServer
 from .settings import (
     LEASE_MS_SETTING,
     MAX_HOLD_MS_SETTING,
     POLL_MS_SETTING,
     REDIS_URL_SETTING,
+    TRANSPORT_OPTIONS_SETTING,
     LockConfig,
 )
 from .task import FifoLockedTask
@@ -33,9 +36,11 @@ __all__ = [
     "POLL_MS_SETTING",
     "REDIS_URL_SETTING",
     "SKIPPED",
+    "TRANSPORT_OPTIONS_SETTING",
     "UNSET",
     "FifoLockedTask",
     "LockConfig",
+    "LockServer",
     "LockSpec",
     "Policy",
     "clients_for",

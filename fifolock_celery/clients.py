@@ -1,4 +1,4 @@
-"""The locks of a worker process: one ``LoopClients`` per (app, Redis URL).
+"""The locks of a worker process: one ``LoopClients`` per (app, lock server).
 
 A task's lock runs on the process's ``SyncFifoLock`` portal loop, which builds
 its async client from the ``LoopClients`` kept here; no client is ever used on
@@ -19,6 +19,7 @@ from celery import Celery
 
 from redis_fifo_lock import LoopClients, SyncFifoLock
 
+from .server import LockServer
 from .settings import LockConfig
 
 _registry: weakref.WeakKeyDictionary[Celery, dict[str, LoopClients]] = weakref.WeakKeyDictionary()
@@ -51,23 +52,25 @@ def _real_app(app: Celery) -> Celery:
     return real
 
 
-def clients_for(app: Celery, url: str) -> LoopClients:
-    """This process's ``LoopClients`` for ``app``'s locks on ``url``.
+def clients_for(app: Celery, server: LockServer) -> LoopClients:
+    """This process's ``LoopClients`` for ``app``'s locks on ``server``.
 
     Args:
         app: the Celery app (a proxy to it is fine).
-        url: the Redis URL (str) of the lock server.
+        server: the lock server (``LockServer``: one server, a Sentinel master
+            or a Redis Cluster), e.g. ``LockConfig.from_app(app, name).server``.
 
     Returns:
-        The same ``LoopClients`` for every call with that app and URL in this
-        process; a forked child gets new ones. Thread-safe.
+        The same ``LoopClients`` for every call with that app and an equal
+        server in this process; a forked child gets new ones. Thread-safe.
     """
     app = _real_app(app)
+    key = server.key()
     with _guard:
-        per_url = _registry.setdefault(app, {})
-        clients = per_url.get(url)
+        per_server = _registry.setdefault(app, {})
+        clients = per_server.get(key)
         if clients is None:
-            clients = per_url[url] = LoopClients(url)
+            clients = per_server[key] = server.loop_clients()
         return clients
 
 
@@ -99,7 +102,7 @@ def lock_for(
     )
     settings = config.settings
     return SyncFifoLock(
-        clients_for(app, config.redis_url),
+        clients_for(app, config.server),
         name,
         lease_ms=settings.lease_ms,
         poll_ms=settings.poll_ms,

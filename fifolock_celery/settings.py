@@ -6,13 +6,20 @@ capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
 
 ================================  ==================================================
 ``fifo_lock_redis_url``           Redis URL of the locks (str). Default: the broker
-                                  URL when that is ``redis://`` or ``rediss://``.
+                                  URL when that is ``redis://``, ``rediss://`` or
+                                  ``sentinel://`` (one or several).
+``fifo_lock_transport_options``   Dict: ``master_name`` and ``sentinel_kwargs``
+                                  for a ``sentinel://`` URL, ``"cluster": True``
+                                  for Redis Cluster nodes. Default: the
+                                  ``broker_transport_options`` when the URL is the
+                                  broker's, else none.
 ``fifo_lock_lease_ms``            Default ``lease_ms`` (int, ms). Default 60_000.
 ``fifo_lock_poll_ms``             Default ``poll_ms`` (int, ms). Default 30_000.
 ``fifo_lock_max_hold_ms``         Default ``max_hold_ms`` (int, ms). Default 1_800_000.
 ================================  ==================================================
 
-The timing settings mean what they mean for ``redis_fifo_lock.FifoLock``; a
+``fifolock_celery.server`` shows the Sentinel and Redis Cluster forms. The
+timing settings mean what they mean for ``redis_fifo_lock.FifoLock``; a
 ``@fifo_locked(...)`` option (or the ``fifo_lock_*`` attribute of the same name
 on a ``FifoLockedTask``) overrides the app's value for that task.
 """
@@ -27,8 +34,13 @@ from kombu.utils.url import maybe_sanitize_url
 
 from redis_fifo_lock import LockSettings, LockUsageError
 
+from .server import LockServer, ServerError
+
 REDIS_URL_SETTING = "fifo_lock_redis_url"
 """App setting (str): Redis URL of the locks; default: a Redis ``broker_url``."""
+TRANSPORT_OPTIONS_SETTING = "fifo_lock_transport_options"
+"""App setting (dict): ``master_name``, ``sentinel_kwargs``, ``cluster`` of the lock
+server; default: ``broker_transport_options`` when the locks use the broker's URL."""
 LEASE_MS_SETTING = "fifo_lock_lease_ms"
 """App setting (int, ms): default ``lease_ms`` of every task lock; default 60_000."""
 POLL_MS_SETTING = "fifo_lock_poll_ms"
@@ -36,8 +48,9 @@ POLL_MS_SETTING = "fifo_lock_poll_ms"
 MAX_HOLD_MS_SETTING = "fifo_lock_max_hold_ms"
 """App setting (int, ms): default ``max_hold_ms`` of every task lock; default 1_800_000."""
 
-REDIS_SCHEMES = ("redis://", "rediss://")
-"""URL schemes accepted from ``broker_url`` as the default lock server."""
+REDIS_SCHEMES = ("redis://", "rediss://", "sentinel://")
+"""URL schemes accepted from ``broker_url`` as the default lock server (several
+``sentinel://`` URLs separated by ``;`` too)."""
 
 _DEFAULTS = LockSettings()
 _TIMING_SETTINGS = {
@@ -71,14 +84,15 @@ class LockConfig:
     """Where and how a Celery task locks: the app's settings plus overrides.
 
     Attributes:
-        redis_url: URL (str) of the Redis server holding the locks.
+        server: where the locks live (``fifolock_celery.server.LockServer``:
+            one server, a Sentinel master or a Redis Cluster).
         settings: the timing settings (``redis_fifo_lock.LockSettings``: lease_ms,
             poll_ms, max_hold_ms, all int milliseconds).
 
     Build it with ``LockConfig.from_app``.
     """
 
-    redis_url: str
+    server: LockServer
     settings: LockSettings
 
     @classmethod
@@ -99,8 +113,10 @@ class LockConfig:
             lease_ms, poll_ms, max_hold_ms: per-task overrides (int ms) or None.
 
         Raises:
-            LockUsageError: no Redis URL: ``fifo_lock_redis_url`` is unset and the
-                broker is not Redis. The message names the setting.
+            LockUsageError: no Redis URL (``fifo_lock_redis_url`` is unset and
+                the broker is not Redis), or the URL and transport options do
+                not make a lock server (see ``server_of``). The message names
+                the setting.
             ValueError: naming the setting, for a timing value that is not a
                 positive int or a combination ``LockSettings`` refuses.
         """
@@ -122,33 +138,57 @@ class LockConfig:
                 f"FIFO lock {lock_name!r}: {exc} (from the app's fifo_lock_* settings "
                 "and the @fifo_locked options)"
             ) from None
-        return cls(redis_url=redis_url_of(app, lock_name), settings=settings)
+        return cls(server=server_of(app, lock_name), settings=settings)
 
 
-def redis_url_of(app: Celery, lock_name: str) -> str:
-    """The lock server's URL: ``fifo_lock_redis_url``, else a Redis broker URL.
+def _redis_broker(broker: object) -> bool:
+    """Whether ``broker`` is one ``redis://``/``rediss://`` URL or a list of
+    ``sentinel://`` URLs: a broker the locks can share."""
+    if not isinstance(broker, str) or not broker.startswith(REDIS_SCHEMES):
+        return False
+    chunks = broker.split(";")
+    return len(chunks) == 1 or all(chunk.strip().startswith("sentinel://") for chunk in chunks)
+
+
+def server_of(app: Celery, lock_name: str) -> LockServer:
+    """The lock server: ``fifo_lock_redis_url`` with ``fifo_lock_transport_options``,
+    else a Redis broker's URL with (by default) ``broker_transport_options``.
 
     Raises:
         LockUsageError: when ``fifo_lock_redis_url`` is unset and ``broker_url``
-            is not one ``redis://`` or ``rediss://`` URL (AMQP, SQS, a failover
-            list, ...). The message names the setting to set.
+            is not a Redis URL (AMQP, SQS, a failover list, ...), or when the
+            URL and transport options do not make a lock server (a
+            ``sentinel://`` URL without ``master_name``, ...). The message names
+            the settings to change.
     """
     url: Any = app.conf.get(REDIS_URL_SETTING)
+    options: Any = app.conf.get(TRANSPORT_OPTIONS_SETTING)
+    source = f"{REDIS_URL_SETTING}, {TRANSPORT_OPTIONS_SETTING}"
     if url is not None:
         if not isinstance(url, str) or not url:
             raise LockUsageError(
                 lock_name,
                 f"{REDIS_URL_SETTING} must be a Redis URL (str), got {url!r}",
             )
-        return url
-    broker: Any = app.conf.broker_url
-    if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES) and ";" not in broker:
-        return broker
-    shown = repr(maybe_sanitize_url(broker)) if isinstance(broker, str) else repr(broker)
-    raise LockUsageError(
-        lock_name,
-        f"no Redis server for FIFO locks: set {REDIS_URL_SETTING} in the Celery app's "
-        f"configuration (CELERY_{REDIS_URL_SETTING.upper()} under Django's CELERY "
-        f"namespace); broker_url {shown} is not a single redis:// or rediss:// URL, so "
-        "it cannot be the default",
-    )
+    else:
+        url = app.conf.broker_url
+        if not _redis_broker(url):
+            shown = repr(maybe_sanitize_url(url)) if isinstance(url, str) else repr(url)
+            raise LockUsageError(
+                lock_name,
+                f"no Redis server for FIFO locks: set {REDIS_URL_SETTING} in the Celery app's "
+                f"configuration (CELERY_{REDIS_URL_SETTING.upper()} under Django's CELERY "
+                f"namespace); broker_url {shown} is not a single redis:// or rediss:// URL "
+                "nor a list of sentinel:// URLs, so it cannot be the default",
+            )
+        if options is None:
+            options = app.conf.broker_transport_options
+            source = f"broker_url, broker_transport_options (or {TRANSPORT_OPTIONS_SETTING})"
+    try:
+        return LockServer.parse(url, options)
+    except ServerError as exc:
+        raise LockUsageError(
+            lock_name,
+            f"the FIFO lock server settings ({source}; CELERY_... under Django's CELERY "
+            f"namespace) are invalid: {exc}",
+        ) from None

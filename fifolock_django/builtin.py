@@ -17,6 +17,12 @@ writes to the first server of ``LOCATION``; the lock does the same with its
 ``redis.asyncio`` clients (one per event loop, shared by every backend instance
 in the process), minus the options that only fit the sync client
 (``SYNC_ONLY_OPTIONS``). This module does not need django-redis.
+
+Django's backend speaks to one server (or a primary and its replicas) only: it
+has no Sentinel or Redis Cluster support, and neither has the lock on it. For
+those, use ``fifolock_django.cache.RedisCache`` (django-redis) in its Sentinel
+form or with ``"FIFOLOCK_CLUSTER": True``; ``connection_settings`` refuses a
+Sentinel ``pool_class`` and a ``FIFOLOCK_CLUSTER`` option with a message saying so.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
+from .connection import LockConnection
 from .lock import FifoLockMixin
 
 SYNC_ONLY_OPTIONS = frozenset(
@@ -50,11 +57,9 @@ def _class_name(value: object) -> str:
     return getattr(value, "__qualname__", type(value).__qualname__)
 
 
-def connection_settings(
-    location: str | list[str], options: dict[str, Any]
-) -> tuple[str, dict[str, Any]]:
-    """Translate a built-in Redis cache's ``LOCATION`` and ``OPTIONS`` into
-    (url, kwargs) for ``redis.asyncio.Redis.from_url``.
+def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockConnection:
+    """Translate a built-in Redis cache's ``LOCATION`` and ``OPTIONS`` into the
+    ``LockConnection`` of one server.
 
     Args:
         location: the cache's ``LOCATION``: a URL, several separated by ``,``
@@ -64,12 +69,14 @@ def connection_settings(
             ``max_connections``, ``ssl_cert_reqs``.
 
     Returns:
-        the URL (str) and the connection kwargs (dict): ``options`` less
-        ``SYNC_ONLY_OPTIONS``. As with Django, a db or password in the URL wins.
+        the first URL's server, with ``options`` less ``SYNC_ONLY_OPTIONS`` as
+        connection kwargs. As with Django, a db or password in the URL wins.
 
     Raises:
-        ImproperlyConfigured: for an empty ``LOCATION``, or a Sentinel
-            ``pool_class``, which the lock does not support.
+        ImproperlyConfigured: for an empty ``LOCATION``, a Sentinel
+            ``pool_class`` or a ``FIFOLOCK_CLUSTER`` option: Django's backend
+            supports neither Sentinel nor Redis Cluster (the message names
+            the django-redis backend, which does).
     """
     servers = re.split("[;,]", location) if isinstance(location, str) else list(location)
     url = servers[0].strip() if servers else ""
@@ -78,12 +85,20 @@ def connection_settings(
     pool_class = options.get("pool_class")
     if pool_class is not None and "sentinel" in _class_name(pool_class).lower():
         raise ImproperlyConfigured(
-            f"fifo_lock() does not support a Sentinel pool_class ({_class_name(pool_class)}); "
-            "give the locks a cache of their own whose LOCATION is the primary's redis:// "
-            "or rediss:// URL"
+            f"Django's built-in Redis backend does not support Sentinel (OPTIONS['pool_class'] "
+            f"is {_class_name(pool_class)}); use BACKEND 'fifolock_django.cache.RedisCache' "
+            "(django-redis) with its SentinelClient, SENTINELS and SentinelConnectionFactory "
+            "options"
+        )
+    if "FIFOLOCK_CLUSTER" in options:
+        raise ImproperlyConfigured(
+            "Django's built-in Redis backend does not support Redis Cluster, and passes "
+            "OPTIONS['FIFOLOCK_CLUSTER'] on to redis-py; use BACKEND "
+            "'fifolock_django.cache.RedisCache' (django-redis) with OPTIONS "
+            "{'FIFOLOCK_CLUSTER': True}"
         )
     kwargs = {key: value for key, value in options.items() if key not in SYNC_ONLY_OPTIONS}
-    return url, kwargs
+    return LockConnection.server(url, **kwargs)
 
 
 class RedisCache(FifoLockMixin, BuiltinRedisCache):
@@ -100,8 +115,8 @@ class RedisCache(FifoLockMixin, BuiltinRedisCache):
         self.fifo_lock_location = server
         self.fifo_lock_options: dict[str, Any] = params.get("OPTIONS", {})
 
-    def fifo_lock_connection(self) -> tuple[str, dict[str, Any]]:
-        """(url, kwargs) of the lock's connections, from ``LOCATION`` and ``OPTIONS``.
+    def fifo_lock_connection(self) -> LockConnection:
+        """Where the locks connect (one server), from ``LOCATION`` and ``OPTIONS``.
 
         Raises:
             ImproperlyConfigured: see ``connection_settings``.

@@ -18,17 +18,43 @@ django-redis writes) with the cache's ``USERNAME``, ``PASSWORD``,
 ``redis.asyncio`` clients (one per event loop, shared by every backend instance
 in the process). TLS comes with a ``rediss://`` URL and the ``ssl_*`` pool
 kwargs. ``close()`` - which Django calls after every request - leaves those
-clients alone. Sentinel set-ups are refused with ``ImproperlyConfigured`` (see
-``connection_settings``).
+clients alone.
+
+Sentinel: a cache in django-redis's Sentinel form locks on the master of its
+service, found through the same sentinels::
+
+    "LOCATION": "redis://mymaster/0",         # the service name, and the db
+    "OPTIONS": {
+        "CLIENT_CLASS": "django_redis.client.SentinelClient",
+        "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+        "SENTINELS": [("sentinel-1", 26379), ("sentinel-2", 26379)],
+        "SENTINEL_KWARGS": {"password": "..."},   # optional: the sentinels' own
+    }
+
+(``DJANGO_REDIS_CONNECTION_FACTORY`` may name the factory instead.)
+
+Redis Cluster: django-redis has no cluster client, so say it with
+``"FIFOLOCK_CLUSTER": True`` in ``OPTIONS`` (implied when ``REDIS_CLIENT_CLASS``
+is redis-py's ``RedisCluster``); every ``LOCATION`` URL is then a node to
+discover the cluster from. See ``connection_settings``.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 from django_redis.cache import RedisCache as DjangoRedisCache  # type: ignore[import-untyped]
+from django_redis.pool import SentinelConnectionFactory  # type: ignore[import-untyped]
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
+from redis.cluster import RedisCluster
 
+from .connection import LockConnection, node_address, shown_url
 from .lock import FifoLockMixin
 
 SYNC_ONLY_POOL_KWARGS = frozenset(
@@ -37,57 +63,90 @@ SYNC_ONLY_POOL_KWARGS = frozenset(
 """``CONNECTION_POOL_KWARGS`` that only fit redis-py's sync client; the lock's
 asyncio clients ignore them."""
 
-SENTINEL_OPTIONS = ("SENTINELS", "CLIENT_CLASS", "CONNECTION_FACTORY", "CONNECTION_POOL_CLASS")
-"""``OPTIONS`` keys that can make a django-redis cache talk to Sentinel."""
+CLUSTER_OPTION = "FIFOLOCK_CLUSTER"
+"""``OPTIONS`` key (bool): the cache's server is a Redis Cluster. Default: whether
+``REDIS_CLIENT_CLASS`` is (a subclass of) ``redis.cluster.RedisCluster``."""
+
+SENTINEL_FACTORY = "django_redis.pool.SentinelConnectionFactory"
+"""The django-redis connection factory that makes a cache use Sentinel."""
+
+DEFAULT_FACTORY = "django_redis.pool.ConnectionFactory"
+"""django-redis's connection factory when neither ``OPTIONS['CONNECTION_FACTORY']``
+nor ``DJANGO_REDIS_CONNECTION_FACTORY`` names one."""
+
+_SENTINEL_HINTS = ("SENTINELS", "CLIENT_CLASS", "CONNECTION_POOL_CLASS")
+_CLUSTER_KWARGS = frozenset(inspect.signature(AsyncRedisCluster.__init__).parameters) - {"self"}
 
 
-def _sentinel_option(options: dict[str, Any]) -> str | None:
-    """The first ``OPTIONS`` key that sets up Sentinel, or None."""
-    for option in SENTINEL_OPTIONS:
-        value = options.get(option)
-        if option == "SENTINELS" and value:
-            return option
-        if isinstance(value, str) and "sentinel" in value.lower():
-            return option
-        if isinstance(value, type) and "sentinel" in value.__name__.lower():
-            return option
-    return None
-
-
-def connection_settings(
-    location: str | list[str], options: dict[str, Any]
-) -> tuple[str, dict[str, Any]]:
-    """Translate a django-redis ``LOCATION`` and ``OPTIONS`` into (url, kwargs)
-    for ``redis.asyncio.Redis.from_url``.
-
-    Args:
-        location: the cache's ``LOCATION``: a URL, several comma-separated, or a
-            list of URLs; the first is used (django-redis writes there).
-        options: the cache's ``OPTIONS`` dict.
-
-    Returns:
-        the URL (str) and the connection kwargs (dict): ``username``,
-        ``password``, ``socket_timeout``, ``socket_connect_timeout`` (seconds)
-        and the ``CONNECTION_POOL_KWARGS`` an asyncio pool accepts. A password
-        in the URL wins over ``PASSWORD``, as in django-redis.
+def _imported(option: str, value: object) -> object:
+    """``value`` imported if it is a dotted path (as django-redis does).
 
     Raises:
-        ImproperlyConfigured: for an empty ``LOCATION``, or a Sentinel set-up
-            (``SENTINELS``, a Sentinel ``CLIENT_CLASS``, ``CONNECTION_FACTORY``
-            or ``CONNECTION_POOL_CLASS``), which the lock does not support: its
-            per-event-loop clients cannot follow a failover yet.
+        ImproperlyConfigured: the path cannot be imported; names ``option``.
     """
-    servers = location.split(",") if isinstance(location, str) else list(location)
-    url = servers[0].strip() if servers else ""
-    if not url:
-        raise ImproperlyConfigured("a cache with fifo_lock() needs a Redis URL in LOCATION")
-    sentinel = _sentinel_option(options)
-    if sentinel is not None:
+    if not isinstance(value, str):
+        return value
+    try:
+        return import_string(value)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"{option} {value!r} cannot be imported: {exc}") from exc
+
+
+def _is_subclass(value: object, base: type) -> bool:
+    return isinstance(value, type) and issubclass(value, base)
+
+
+def _uses_sentinel(options: dict[str, Any]) -> bool:
+    """Whether django-redis reaches this cache through Sentinel: its connection
+    factory is (a subclass of) ``SentinelConnectionFactory``.
+
+    Raises:
+        ImproperlyConfigured: the factory cannot be imported, or ``OPTIONS``
+            asks for Sentinel (``SENTINELS``, a Sentinel ``CLIENT_CLASS`` or
+            ``CONNECTION_POOL_CLASS``) with another factory, a set-up that
+            django-redis itself cannot use.
+    """
+    if options.get("CONNECTION_FACTORY"):
+        where, path = "OPTIONS['CONNECTION_FACTORY']", options["CONNECTION_FACTORY"]
+    else:
+        where = "DJANGO_REDIS_CONNECTION_FACTORY"
+        path = getattr(settings, where, DEFAULT_FACTORY)
+    if _is_subclass(_imported(where, path), SentinelConnectionFactory):
+        return True
+    for option in _SENTINEL_HINTS:
+        value = options.get(option)
+        name = value if isinstance(value, str) else getattr(value, "__name__", "")
+        if (option == "SENTINELS" and value) or "sentinel" in name.lower():
+            raise ImproperlyConfigured(
+                f"OPTIONS[{option!r}] asks for Sentinel, but the cache's connection factory "
+                f"({where} = {path!r}) does not use it, so django-redis cannot connect; set "
+                f"OPTIONS['CONNECTION_FACTORY'] (or DJANGO_REDIS_CONNECTION_FACTORY) to "
+                f"{SENTINEL_FACTORY!r}"
+            )
+    return False
+
+
+def _uses_cluster(options: dict[str, Any]) -> bool:
+    """``OPTIONS['FIFOLOCK_CLUSTER']``, by default whether ``REDIS_CLIENT_CLASS``
+    is a ``RedisCluster``.
+
+    Raises:
+        ImproperlyConfigured: ``FIFOLOCK_CLUSTER`` is not a bool, or
+            ``REDIS_CLIENT_CLASS`` cannot be imported.
+    """
+    flag = options.get(CLUSTER_OPTION)
+    if flag is None:
+        client_class = options.get("REDIS_CLIENT_CLASS", "redis.client.Redis")
+        return _is_subclass(_imported("OPTIONS['REDIS_CLIENT_CLASS']", client_class), RedisCluster)
+    if not isinstance(flag, bool):
         raise ImproperlyConfigured(
-            f"fifo_lock() does not support django-redis Sentinel caches (OPTIONS[{sentinel!r}] "
-            "sets up Sentinel); give the locks a cache of their own whose LOCATION is the "
-            "primary's redis:// or rediss:// URL"
+            f"OPTIONS[{CLUSTER_OPTION!r}] must be True or False, got {flag!r}"
         )
+    return flag
+
+
+def _base_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """The connection kwargs that ``OPTIONS`` gives every topology."""
     kwargs: dict[str, Any] = {
         key: value
         for key, value in options.get("CONNECTION_POOL_KWARGS", {}).items()
@@ -101,7 +160,141 @@ def connection_settings(
     ):
         if options.get(option):
             kwargs[kwarg] = options[option]
-    return url, kwargs
+    return kwargs
+
+
+def _url_kwargs(url: str) -> dict[str, Any]:
+    """What a ``redis://`` or ``rediss://`` URL says besides its address: db,
+    credentials, query options, and ``ssl=True`` for ``rediss``.
+
+    Raises:
+        ImproperlyConfigured: another scheme, or a query value redis-py refuses.
+    """
+    if urlsplit(url).scheme not in ("redis", "rediss"):
+        raise ImproperlyConfigured(
+            f"LOCATION {shown_url(url)!r} must be a redis:// or rediss:// URL here"
+        )
+    try:
+        kwargs: dict[str, Any] = dict(parse_url(url))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"LOCATION {shown_url(url)!r}: {exc}") from exc
+    kwargs.pop("host", None)
+    kwargs.pop("port", None)
+    if kwargs.pop("connection_class", None) is SSLConnection:
+        kwargs["ssl"] = True
+    return kwargs
+
+
+def _sentinel_connection(
+    url: str, options: dict[str, Any], kwargs: dict[str, Any]
+) -> LockConnection:
+    """The master of the service named by ``url``'s host, as django-redis's
+    ``SentinelConnectionFactory`` finds it (the URL's own values win)."""
+    sentinels: Any = options.get("SENTINELS")
+    pairs = (
+        isinstance(sentinels, (list, tuple))
+        and bool(sentinels)
+        and all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in sentinels)
+    )
+    if not pairs:
+        raise ImproperlyConfigured(
+            f"OPTIONS['SENTINELS'] must list the sentinels as (host, port) pairs, got {sentinels!r}"
+        )
+    sentinel_kwargs = options.get("SENTINEL_KWARGS")
+    if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, dict):
+        raise ImproperlyConfigured(
+            f"OPTIONS['SENTINEL_KWARGS'] must be a dict or None, got {sentinel_kwargs!r}"
+        )
+    service_name = urlsplit(url).hostname
+    if not service_name:
+        raise ImproperlyConfigured(
+            f"LOCATION {shown_url(url)!r} must name the Sentinel service as its host "
+            "(redis://<service name>/<db>)"
+        )
+    from_url = _url_kwargs(url)
+    is_master = str(from_url.pop("is_master", "1")).lower()
+    if is_master in ("0", "false", "no", "f", "n"):
+        raise ImproperlyConfigured(
+            f"LOCATION {shown_url(url)!r} asks for replicas (is_master={is_master}), but "
+            "locks are taken on the master: put a master URL first"
+        )
+    return LockConnection.sentinel(
+        sentinels,
+        service_name,
+        sentinel_kwargs=sentinel_kwargs,
+        **{**kwargs, **from_url},
+    )
+
+
+def _cluster_connection(urls: list[str], kwargs: dict[str, Any]) -> LockConnection:
+    """A cluster reached through the nodes of ``urls`` (database 0 only)."""
+    for url in urls:
+        db = _url_kwargs(url).get("db", 0)
+        try:
+            node_address(url)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"LOCATION of a Redis Cluster: {exc}") from exc
+        if db:
+            raise ImproperlyConfigured(
+                f"LOCATION {shown_url(url)!r} names database {db}, but a Redis Cluster has "
+                "database 0 only"
+            )
+    unknown = sorted(set(kwargs) - _CLUSTER_KWARGS)
+    if unknown or kwargs.get("db"):
+        raise ImproperlyConfigured(
+            f"Redis Cluster clients do not take the connection option(s) "
+            f"{unknown or ['db']}; remove them from OPTIONS['CONNECTION_POOL_KWARGS']"
+        )
+    return LockConnection.cluster(urls, **kwargs)
+
+
+def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockConnection:
+    """Translate a django-redis ``LOCATION`` and ``OPTIONS`` into a ``LockConnection``.
+
+    Args:
+        location: the cache's ``LOCATION``: a URL, several comma-separated, or a
+            list of URLs.
+        options: the cache's ``OPTIONS`` dict.
+
+    Returns:
+        - Sentinel (the connection factory, from ``OPTIONS['CONNECTION_FACTORY']``
+          or ``DJANGO_REDIS_CONNECTION_FACTORY``, is ``SentinelConnectionFactory``):
+          the master of the service named by the first URL's host, found
+          through ``SENTINELS`` with ``SENTINEL_KWARGS``.
+        - ``OPTIONS['FIFOLOCK_CLUSTER']`` true (default: ``REDIS_CLIENT_CLASS``
+          is a ``RedisCluster``): the cluster, discovered from any URL.
+        - Otherwise the first URL's server (django-redis writes there).
+
+        The connection kwargs are ``USERNAME``, ``PASSWORD``, ``SOCKET_TIMEOUT``,
+        ``SOCKET_CONNECT_TIMEOUT`` (seconds) and the ``CONNECTION_POOL_KWARGS``
+        an asyncio client accepts; a URL's own values (db, password) win, as in
+        django-redis.
+
+    Raises:
+        ImproperlyConfigured: naming the setting, for an empty ``LOCATION``; a
+            Sentinel set-up without ``SENTINELS``, with a replica URL first,
+            or asked for by ``OPTIONS`` without the Sentinel factory (which
+            django-redis cannot use either); a cluster URL with a database
+            other than 0 or options a cluster client does not take; Sentinel
+            and cluster together.
+    """
+    servers = location.split(",") if isinstance(location, str) else list(location)
+    urls = [server.strip() for server in servers if server.strip()]
+    if not urls:
+        raise ImproperlyConfigured("a cache with fifo_lock() needs a Redis URL in LOCATION")
+    kwargs = _base_kwargs(options)
+    sentinel = _uses_sentinel(options)
+    cluster = _uses_cluster(options)
+    if sentinel and cluster:
+        raise ImproperlyConfigured(
+            f"a cache cannot use both Sentinel and Redis Cluster: drop OPTIONS[{CLUSTER_OPTION!r}] "
+            "(or REDIS_CLIENT_CLASS) or the Sentinel connection factory"
+        )
+    if sentinel:
+        return _sentinel_connection(urls[0], options, kwargs)
+    if cluster:
+        return _cluster_connection(urls, kwargs)
+    return LockConnection.server(urls[0], **kwargs)
 
 
 class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # django-redis is untyped
@@ -115,8 +308,8 @@ class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # djan
     cache methods only; the lock always raises.
     """
 
-    def fifo_lock_connection(self) -> tuple[str, dict[str, Any]]:
-        """(url, kwargs) of the lock's connections, from ``LOCATION`` and ``OPTIONS``.
+    def fifo_lock_connection(self) -> LockConnection:
+        """Where the locks connect, from ``LOCATION`` and ``OPTIONS``.
 
         Raises:
             ImproperlyConfigured: see ``connection_settings``.

@@ -9,10 +9,14 @@ Registered under the ``caches`` tag when ``"fifolock_django"`` is in
 - ``fifolock.E002`` ``FIFOLOCK['CACHE']`` is not an alias in ``CACHES``.
 - ``fifolock.E003`` the ``FIFOLOCK`` setting is invalid.
 - ``fifolock.E004`` a cache with ``fifo_lock()`` cannot make locks (a
-  ``KEY_PREFIX`` with ``{`` or ``}``, a Sentinel set-up...).
+  ``KEY_PREFIX`` with ``{`` or ``}``, Sentinel options without ``SENTINELS``
+  or without django-redis's Sentinel connection factory, a Redis Cluster URL
+  with a database other than 0, Sentinel on Django's built-in backend...).
 
 With ``manage.py check --deploy`` only (they talk to each lock cache's server,
-waiting at most ``SERVER_CHECK_TIMEOUT_S`` seconds for it):
+waiting at most ``SERVER_CHECK_TIMEOUT_S`` seconds for it). The server is the
+master found through the sentinels for a Sentinel cache, and every primary
+for a Redis Cluster:
 
 - ``fifolock.E005`` the server's ``maxmemory-policy`` can evict lock keys.
 - ``fifolock.E006`` the server cannot be reached (or refuses the credentials).
@@ -25,7 +29,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from django.apps import AppConfig
 from django.conf import settings
@@ -33,11 +36,12 @@ from django.core.cache import caches
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from redis_fifo_lock import LoopClients
 from redis_fifo_lock.portal import portal
 from redis_fifo_lock.waiting import EVICTING_POLICIES
+from redis_fifo_lock.waiting import eviction_policies as eviction_policies_of
 
 from .conf import SETTING, fifolock_settings
 from .lock import LOCK_BACKENDS, FifoLockMixin, suggested_backend
@@ -146,35 +150,27 @@ def check_lock_caches_make_locks(
     return errors
 
 
-def shown_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+def eviction_policies(clients: LoopClients, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> set[str]:
+    """The ``maxmemory-policy`` values (str) of the server(s) behind ``clients``.
 
-
-def eviction_policy(clients: LoopClients, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> str:
-    """The ``maxmemory-policy`` of the server behind ``clients`` (str).
-
-    Asked over the lock's own connection settings, on the sync portal's loop.
+    Asked over the lock's own connection settings, on the sync portal's loop:
+    the one server, the master found through Sentinel, or every primary of a
+    Redis Cluster (whose policies may differ, hence a set).
 
     Args:
         clients: the lock connections of a cache (``fifo_lock_clients``).
-        timeout_s: seconds (float) to wait for the answer.
+        timeout_s: seconds (float) to wait for the answers.
 
     Raises:
-        ResponseError: the server refuses ``CONFIG GET`` (disabled, or an ACL).
-        RedisError: the server cannot be reached, or refuses the credentials.
+        ResponseError: a server refuses ``CONFIG GET`` (disabled, or an ACL).
+        RedisError: a server cannot be reached, or refuses the credentials
+            (Sentinel: no sentinel knows the master).
+        RedisClusterException: no node of a cluster can be reached.
         TimeoutError: no answer within ``timeout_s``.
     """
 
-    async def read() -> str:
-        reply = await asyncio.wait_for(clients.client().config_get("maxmemory-policy"), timeout_s)
-        policy = next(iter(reply.values()), "")
-        return policy.decode() if isinstance(policy, bytes) else str(policy)
+    async def read() -> set[str]:
+        return await asyncio.wait_for(eviction_policies_of(clients.client()), timeout_s)
 
     return portal().call(CHECK_LOCK, read)
 
@@ -191,13 +187,13 @@ def check_lock_servers(
         if not isinstance(cache, FifoLockMixin):
             continue
         try:
-            url, _ = cache.fifo_lock_connection()
+            connection = cache.fifo_lock_connection()
             clients = cache.fifo_lock_clients
         except ImproperlyConfigured:
             continue  # reported as fifolock.E004
-        where = f"The Redis server of cache {alias!r} ({shown_url(url)})"
+        where = f"The Redis server of cache {alias!r} ({connection.describe()})"
         try:
-            policy = eviction_policy(clients)
+            policies = eviction_policies(clients)
         except ResponseError as exc:
             messages.append(
                 Warning(
@@ -211,7 +207,13 @@ def check_lock_servers(
                 )
             )
             continue
-        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+        except (
+            RedisError,
+            RedisClusterException,
+            OSError,
+            TimeoutError,
+            asyncio.TimeoutError,
+        ) as exc:
             reason = str(exc).rstrip(".") or f"no answer within {SERVER_CHECK_TIMEOUT_S:g} s"
             messages.append(
                 Error(
@@ -225,10 +227,12 @@ def check_lock_servers(
                 )
             )
             continue
-        if policy.startswith(EVICTING_POLICIES):
+        evicting = sorted(policy for policy in policies if policy.startswith(EVICTING_POLICIES))
+        if evicting:
+            shown = " and ".join(repr(policy) for policy in evicting)
             messages.append(
                 Error(
-                    f"{where} has maxmemory-policy {policy!r}, which can evict FIFO lock "
+                    f"{where} has maxmemory-policy {shown}, which can evict FIFO lock "
                     "keys: a held lock would be freed silently and the fence counter could "
                     "go back.",
                     hint=(

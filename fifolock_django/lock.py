@@ -19,10 +19,9 @@ core's ``SyncFifoLock`` and ``FifoLock``.
 from __future__ import annotations
 
 import asyncio
-import threading
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from django.core.cache import InvalidCacheBackendError, caches
 from django.core.cache.backends.base import BaseCache
@@ -41,6 +40,7 @@ from redis_fifo_lock.lock import check_timeout
 from redis_fifo_lock.settings import check_name
 
 from .conf import SETTING, fifolock_settings
+from .connection import LockConnection, shared_clients
 
 LOCK_BACKENDS = {
     "django_redis.cache.RedisCache": "fifolock_django.cache.RedisCache",
@@ -56,37 +56,6 @@ def suggested_backend(backend: str) -> str:
     if backend in LOCK_BACKENDS:
         return repr(LOCK_BACKENDS[backend])
     return " or ".join(f"{ours!r} (for {theirs})" for theirs, ours in LOCK_BACKENDS.items())
-
-
-_registry: dict[tuple[str, str], LoopClients] = {}
-_registry_guard = threading.Lock()
-
-
-def shared_clients(url: str, **connection_kwargs: Any) -> LoopClients:
-    """The process-wide ``LoopClients`` for one connection configuration.
-
-    Args:
-        url: ``redis://``, ``rediss://`` or ``unix://`` URL (str), with the
-            database and credentials it carries.
-        **connection_kwargs: extra ``redis.asyncio`` connection options
-            (``password``, ``socket_timeout`` in seconds, ``max_connections``...).
-
-    Returns:
-        the same ``LoopClients`` for the same arguments, for the whole process.
-
-    Every cache backend instance (one per thread or async context) with the
-    same settings gets the same object, so a process holds at most one client
-    per event loop per configuration. The ``LoopClients`` keys its clients by
-    running loop and process id, so the entries of this registry stay valid
-    after ``fork()``. Nothing is ever closed here: each client is closed by its
-    loop's ``close()``; the sync portal's lives as long as the process.
-    """
-    key = (url, repr(sorted(connection_kwargs.items())))
-    with _registry_guard:
-        clients = _registry.get(key)
-        if clients is None:
-            clients = _registry[key] = LoopClients(url, **connection_kwargs)
-        return clients
 
 
 def _no_running_loop(name: str, what: str) -> None:
@@ -333,8 +302,9 @@ class FifoLockMixin(BaseCache):
     other requests of the process hold locks.
     """
 
-    def fifo_lock_connection(self) -> tuple[str, dict[str, Any]]:
-        """The (url, ``redis.asyncio`` connection kwargs) of this cache's locks.
+    def fifo_lock_connection(self) -> LockConnection:
+        """Where this cache's locks connect: one server, a Sentinel master or a
+        Redis Cluster, with the ``redis.asyncio`` connection kwargs.
 
         Raises:
             ImproperlyConfigured: when the settings cannot make a lock connection.
@@ -349,8 +319,7 @@ class FifoLockMixin(BaseCache):
         Raises:
             ImproperlyConfigured: see ``fifo_lock_connection``.
         """
-        url, kwargs = self.fifo_lock_connection()
-        return shared_clients(url, **kwargs)
+        return shared_clients(self.fifo_lock_connection())
 
     def fifo_lock(
         self,
@@ -386,7 +355,7 @@ class FifoLockMixin(BaseCache):
             ValueError: for a bad ``name``, ``timeout`` or timing argument.
             ImproperlyConfigured: for an invalid ``FIFOLOCK``, a ``KEY_PREFIX``
                 that makes an invalid lock name, or connection settings the
-                lock cannot use (such as a Sentinel set-up).
+                lock cannot use (such as a Sentinel set-up without ``SENTINELS``).
         """
         return cache_lock(
             self,
@@ -491,7 +460,9 @@ def lock_name(name: str, cache: str | None = None, *, version: int | None = None
         def issue(): ...
 
     (The Celery side must also connect to the same Redis server and database:
-    ``CELERY_FIFO_LOCK_REDIS_URL`` should be the cache's ``LOCATION``.)
+    ``CELERY_FIFO_LOCK_REDIS_URL`` should be the cache's ``LOCATION``; for a
+    Sentinel or Redis Cluster cache, the same sentinels and service, or nodes,
+    in Celery's form - see ``fifolock_celery.server``.)
 
     Args:
         name: the name given to ``fifo_lock()`` (str, no ``{``/``}``).

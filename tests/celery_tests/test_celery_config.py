@@ -26,6 +26,7 @@ from fifolock_celery import (
     SKIPPED,
     FifoLockedTask,
     LockConfig,
+    LockServer,
     clients_for,
     current_lease,
     fifo_locked,
@@ -46,7 +47,7 @@ def test_the_lock_server_defaults_to_a_redis_broker() -> None:
 
     config = LockConfig.from_app(app, "jobs")
 
-    assert config.redis_url == "redis://broker.example:6379/4"
+    assert config.server == LockServer("redis://broker.example:6379/4")
     assert (config.settings.lease_ms, config.settings.poll_ms) == (60_000, 30_000)
 
 
@@ -61,7 +62,7 @@ def test_fifo_lock_redis_url_wins_over_the_broker_and_reads_the_django_namespace
 
     config = LockConfig.from_app(app, "jobs", poll_ms=1000)
 
-    assert config.redis_url == "rediss://locks.example/0"
+    assert config.server == LockServer("rediss://locks.example/0")
     assert (config.settings.lease_ms, config.settings.poll_ms) == (9000, 1000)
 
 
@@ -187,18 +188,19 @@ def test_eager_self_retry_releases_before_the_retry_runs(app: Celery, log: Log) 
 
 def test_each_app_and_url_has_one_loop_clients_per_process(app: Celery) -> None:
     other = Celery("other", broker=app.conf.broker_url)
-    url = app.conf.broker_url
+    server = LockServer(app.conf.broker_url)
 
-    assert clients_for(app, url) is clients_for(app, url)
-    assert clients_for(app, url) is not clients_for(other, url)
-    assert clients_for(app, url) is not clients_for(app, url + "?socket_timeout=5")
+    assert clients_for(app, server) is clients_for(app, LockServer(app.conf.broker_url))
+    assert clients_for(app, server) is not clients_for(other, server)
+    timeout = LockServer(app.conf.broker_url + "?socket_timeout=5")
+    assert clients_for(app, server) is not clients_for(app, timeout)
 
 
 def test_a_forked_child_builds_its_own_portal_and_clients(app: Celery) -> None:
     name = unique("fork")
     with lock_for(app, name).hold(timeout=5) as parent_lease:
         pass
-    parent_clients = clients_for(app, app.conf.broker_url)
+    parent_clients = clients_for(app, LockServer(app.conf.broker_url))
     assert len(parent_clients) == 1
 
     pid = os.fork()
@@ -207,7 +209,7 @@ def test_a_forked_child_builds_its_own_portal_and_clients(app: Celery) -> None:
         try:
             signal.alarm(10)  # a child that hangs dies instead of hanging the test
             with lock_for(app, name).hold(timeout=5) as child_lease:
-                fresh = clients_for(app, app.conf.broker_url) is not parent_clients
+                fresh = clients_for(app, LockServer(app.conf.broker_url)) is not parent_clients
                 code = 0 if fresh and child_lease.fence > parent_lease.fence else 2
         finally:
             os._exit(code)

@@ -26,7 +26,8 @@ from redis.asyncio.connection import SSLConnection
 
 import fifolock_django
 from fifolock_django import builtin, cache
-from fifolock_django.lock import SupportsFifoLock, lock_cache, shared_clients
+from fifolock_django.connection import LockConnection, shared_clients
+from fifolock_django.lock import SupportsFifoLock, lock_cache
 from redis_fifo_lock import (
     Lease,
     LeaseLost,
@@ -309,19 +310,17 @@ def test_django_redis_connection_settings_come_from_location_and_options() -> No
         "IGNORE_EXCEPTIONS": True,
         "CONNECTION_POOL_KWARGS": {"max_connections": 20, "connection_class": object},
     }
-    url, kwargs = cache.connection_settings(
-        "redis://primary:6379/4,redis://replica:6379/4", options
-    )
+    connection = cache.connection_settings("redis://primary:6379/4,redis://replica:6379/4", options)
 
-    assert url == "redis://primary:6379/4"
-    assert kwargs == {
-        "username": "app",
-        "password": "s3cret",
-        "socket_timeout": 5,
-        "socket_connect_timeout": 2,
-        "max_connections": 20,
-    }
-    assert cache.connection_settings(["redis://a/1", "redis://b/1"], {})[0] == "redis://a/1"
+    assert connection == LockConnection.server(
+        "redis://primary:6379/4",
+        username="app",
+        password="s3cret",
+        socket_timeout=5,
+        socket_connect_timeout=2,
+        max_connections=20,
+    )
+    assert cache.connection_settings(["redis://a/1", "redis://b/1"], {}).urls == ("redis://a/1",)
 
 
 def test_builtin_connection_settings_are_its_pool_options_less_the_sync_only_ones() -> None:
@@ -334,40 +333,14 @@ def test_builtin_connection_settings_are_its_pool_options_less_the_sync_only_one
         "parser_class": "redis.connection.DefaultParser",
         "pool_class": "redis.BlockingConnectionPool",
     }
-    url, kwargs = builtin.connection_settings("redis://primary:6379;redis://replica:6379", options)
+    connection = builtin.connection_settings("redis://primary:6379;redis://replica:6379", options)
 
-    assert url == "redis://primary:6379"
-    assert kwargs == {"db": 4, "password": "s3cret", "socket_timeout": 5, "max_connections": 20}
-    assert builtin.connection_settings(["redis://a", "redis://b"], {}) == ("redis://a", {})
-
-
-@pytest.mark.parametrize(
-    ("translate", "options", "named"),
-    [
-        (cache.connection_settings, {"SENTINELS": [("localhost", 26379)]}, "SENTINELS"),
-        (
-            cache.connection_settings,
-            {"CLIENT_CLASS": "django_redis.client.SentinelClient"},
-            "CLIENT_CLASS",
-        ),
-        (
-            cache.connection_settings,
-            {"CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory"},
-            "CONNECTION_FACTORY",
-        ),
-        (
-            builtin.connection_settings,
-            {"pool_class": "redis.sentinel.SentinelConnectionPool"},
-            "SentinelConnectionPool",
-        ),
-    ],
-)
-def test_a_sentinel_set_up_is_refused_naming_the_option(
-    translate: Any, options: dict[str, Any], named: str
-) -> None:
-    with pytest.raises(ImproperlyConfigured, match="Sentinel") as info:
-        translate("redis://mymaster/0", options)
-    assert named in str(info.value)
+    assert connection == LockConnection.server(
+        "redis://primary:6379", db=4, password="s3cret", socket_timeout=5, max_connections=20
+    )
+    assert builtin.connection_settings(["redis://a", "redis://b"], {}) == LockConnection.server(
+        "redis://a"
+    )
 
 
 @pytest.mark.parametrize(
@@ -469,9 +442,11 @@ def test_lock_cache_names_the_setting_to_fix_for_a_cache_without_fifo_lock() -> 
 
 
 def test_shared_clients_are_one_per_configuration() -> None:
-    first = shared_clients("redis://127.0.0.1:1/0", socket_timeout=1)
-    assert shared_clients("redis://127.0.0.1:1/0", socket_timeout=1) is first
-    assert shared_clients("redis://127.0.0.1:1/0", socket_timeout=2) is not first
+    first = shared_clients(LockConnection.server("redis://127.0.0.1:1/0", socket_timeout=1))
+    again = LockConnection.server("redis://127.0.0.1:1/0", socket_timeout=1)
+    other = LockConnection.server("redis://127.0.0.1:1/0", socket_timeout=2)
+    assert shared_clients(again) is first
+    assert shared_clients(other) is not first
 
 
 # --- FIFOLOCK setting ------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_checks_report_each_misconfigured_setting(redis_url: str) -> None:
     assert message.msg.startswith("Cache 'default' cannot make FIFO locks: cache.fifo_lock(")
 
 
-def test_a_sentinel_cache_is_reported_as_unable_to_make_locks(redis_url: str) -> None:
+def test_sentinels_without_the_sentinel_connection_factory_are_reported(redis_url: str) -> None:
     sentinel = lock_caches(redis_url, SENTINELS=[("127.0.0.1", 26379)])
     with override_settings(CACHES=sentinel):
         [message] = fifolock_messages(deploy=True)

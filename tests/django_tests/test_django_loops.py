@@ -31,8 +31,6 @@ from django_app import settings as project
 from django_app.testing import assert_served_one_at_a_time, wait_until
 from redis import Redis
 
-from redis_fifo_lock import LeaseLost
-
 pytestmark = pytest.mark.filterwarnings("error")
 
 HOLD_S = 0.3

@@ -1,7 +1,7 @@
 """Real Celery workers for the tests, and the record their tasks keep.
 
-``running_worker`` starts ``celery -A tests.celery_app worker`` as a subprocess
-in a session of its own, counts it as started only once a ping task has
+``running_worker`` starts ``celery -A tests.celery_app worker`` (or another
+app module) as a subprocess in a session of its own, counts it as started only once a ping task has
 round-tripped through that very worker, and stops it with a bounded warm
 shutdown that fails loudly (naming the knob to raise) and leaves no process
 behind. ``Log`` reads what the tasks wrote to the record (see
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Task
 from celery.exceptions import TimeoutError as ResultTimeout
 from redis import Redis
 
@@ -100,6 +101,9 @@ def running_worker(
     concurrency: int = CONCURRENCY,
     profile: str = "",
     queue: str | None = None,
+    app: str = "tests.celery_app",
+    ping: Task[Any, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Worker]:
     """A started worker of ``tests.celery_app``, stopped when the block ends.
 
@@ -111,10 +115,14 @@ def running_worker(
         profile: ``$FIFOLOCK_CELERY_PROFILE`` (str) of the worker; default "".
         queue: the queue (str) to send the readiness ping to; default: the
             app's default queue.
+        app: the ``-A`` module (str) of the worker; default ``tests.celery_app``.
+        ping: the readiness probe task of that app, answering like
+            ``tests.celery_app.ping``; default that task.
+        env: extra environment variables (str to str) of the worker.
     """
     hostname = f"fifolock-{pool}-{uuid.uuid4().hex[:8]}@localhost"
     logfile = logdir / f"worker-{pool}{'-' + profile if profile else ''}.log"
-    env = {**os.environ, tasks.URL_ENV: base_url, tasks.PROFILE_ENV: profile}
+    env = {**os.environ, tasks.URL_ENV: base_url, tasks.PROFILE_ENV: profile, **(env or {})}
     with logfile.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -122,7 +130,7 @@ def running_worker(
                 "-m",
                 "celery",
                 "-A",
-                "tests.celery_app",
+                app,
                 "worker",
                 f"--pool={pool}",
                 f"--concurrency={concurrency}",
@@ -140,15 +148,15 @@ def running_worker(
         )
     worker = Worker(pool, hostname, process, logfile, process.pid)
     try:
-        worker.warmed_up_in = _ping(worker, queue)
+        worker.warmed_up_in = _ping(worker, queue, ping or tasks.ping)
         yield worker
     finally:
         _stop(worker)
 
 
-def _ping(worker: Worker, queue: str | None) -> int | None:
+def _ping(worker: Worker, queue: str | None, ping: Task[Any, Any]) -> int | None:
     """Wait until a ping task round-trips through ``worker``; return its ``warmed_up_in``."""
-    probe = tasks.ping.apply_async(queue=queue)
+    probe = ping.apply_async(queue=queue)
     deadline = time.monotonic() + WORKER_START_TIMEOUT_S
     while True:
         if worker.process.poll() is not None:

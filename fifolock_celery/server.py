@@ -1,0 +1,219 @@
+"""Where a Celery app's locks live: ``LockServer``, from a URL and transport options.
+
+Three topologies, in the forms Celery users already write for the broker::
+
+    # one server
+    fifo_lock_redis_url = "redis://:secret@redis.example:6379/0"
+
+    # the master of a Sentinel service: kombu's broker form
+    fifo_lock_redis_url = "sentinel://:secret@s1:26379/0;sentinel://s2:26379"
+    fifo_lock_transport_options = {"master_name": "mymaster",
+                                   "sentinel_kwargs": {"password": "..."}}
+
+    # a Redis Cluster (kombu has no cluster transport): any nodes, ";"-separated
+    fifo_lock_redis_url = "redis://node1:7000;redis://node2:7000"
+    fifo_lock_transport_options = {"cluster": True}
+
+As in kombu, a ``sentinel://`` URL lists the sentinels (port 26379 when none
+is given); the first one's password, user name and database are the master's.
+``master_name`` names the service, ``sentinel_kwargs`` (a dict) are the
+connection options of the sentinels themselves. When the locks default to a
+Redis broker, the transport options default to ``broker_transport_options``,
+so a Sentinel broker needs nothing more (see ``fifolock_celery.settings``).
+Other keys of the transport options are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+
+from redis_fifo_lock import LoopClients
+
+Topology = Literal["server", "sentinel", "cluster"]
+"""How the lock server is reached: one server, a Sentinel master, a Redis Cluster."""
+
+SENTINEL_PORT = 26379
+"""Port of a sentinel whose URL names none (kombu's default)."""
+NODE_PORT = 6379
+"""Port of a cluster node whose URL names none."""
+SEPARATOR = ";"
+"""Separates the URLs of several sentinels or cluster nodes (as in kombu)."""
+
+
+class ServerError(ValueError):
+    """A lock server setting is invalid; the message says what to change.
+
+    ``fifolock_celery.settings`` turns it into a ``LockUsageError`` naming the
+    lock and the setting.
+    """
+
+
+@dataclass(frozen=True)
+class LockServer:
+    """Where the locks of a Celery app live. Build it with ``LockServer.parse``.
+
+    Attributes:
+        url: the configured URL (str): one ``redis://``, ``rediss://`` or
+            ``unix://`` URL, or several ``sentinel://`` or cluster node URLs
+            separated by ``;``.
+        master_name: the Sentinel service (str), for a ``sentinel://`` URL;
+            else None.
+        sentinel_kwargs: connection options (dict) of the sentinels, or None.
+        cluster: whether ``url`` names nodes of a Redis Cluster (bool).
+    """
+
+    url: str
+    master_name: str | None = None
+    sentinel_kwargs: dict[str, Any] | None = None
+    cluster: bool = False
+
+    @classmethod
+    def parse(cls, url: str, options: Mapping[str, Any] | None = None) -> LockServer:
+        """Check ``url`` and the transport ``options`` and keep what the locks need.
+
+        Args:
+            url: see ``url`` above.
+            options: the transport options (``master_name``, ``sentinel_kwargs``,
+                ``cluster``); other keys are ignored. None means none.
+
+        Raises:
+            ServerError: a ``sentinel://`` URL without ``master_name``, a URL
+                mixing schemes, several URLs that are neither sentinels nor
+                (with ``cluster``) cluster nodes, a cluster URL with a database
+                other than 0, or an option of the wrong type.
+        """
+        options = {} if options is None else options
+        if not isinstance(options, Mapping):
+            raise ServerError(f"the transport options must be a dict, got {options!r}")
+        cluster = options.get("cluster", False)
+        if not isinstance(cluster, bool):
+            raise ServerError(f"transport option 'cluster' must be True or False, got {cluster!r}")
+        parts = [urlsplit(chunk.strip()) for chunk in url.split(SEPARATOR)]
+        schemes = {part.scheme for part in parts}
+        if "sentinel" in schemes:
+            if cluster:
+                raise ServerError("a sentinel:// URL cannot name a Redis Cluster ('cluster': True)")
+            return cls._sentinel(url, parts, schemes, options)
+        if cluster:
+            _check_nodes(url, parts, schemes)
+            return cls(url, cluster=True)
+        if len(parts) > 1:
+            raise ServerError(
+                f"{_shown(url)} lists several servers; the locks need one server, the "
+                "sentinels of one (sentinel://...;sentinel://...) or, with the transport "
+                "option 'cluster': True, the nodes of a Redis Cluster"
+            )
+        return cls(url)
+
+    @classmethod
+    def _sentinel(
+        cls, url: str, parts: list[SplitResult], schemes: set[str], options: Mapping[str, Any]
+    ) -> LockServer:
+        if schemes != {"sentinel"} or not all(part.hostname for part in parts):
+            raise ServerError(
+                f"{_shown(url)}: every URL of a Sentinel set-up must be sentinel://host[:port]"
+            )
+        master_name = options.get("master_name")
+        if not isinstance(master_name, str) or not master_name:
+            raise ServerError(
+                f"{_shown(url)} is a Sentinel URL: the transport options must name the "
+                f"service with 'master_name' (str), got {master_name!r}"
+            )
+        sentinel_kwargs = options.get("sentinel_kwargs")
+        if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
+            raise ServerError(
+                f"transport option 'sentinel_kwargs' must be a dict, got {sentinel_kwargs!r}"
+            )
+        _database(parts[0])
+        kwargs = None if sentinel_kwargs is None else dict(sentinel_kwargs)
+        return cls(url, master_name=master_name, sentinel_kwargs=kwargs)
+
+    @property
+    def topology(self) -> Topology:
+        """ "server", "sentinel" or "cluster"."""
+        if self.master_name is not None:
+            return "sentinel"
+        return "cluster" if self.cluster else "server"
+
+    def describe(self) -> str:
+        """The URL(s) with passwords masked, and the topology, for messages."""
+        if self.topology == "sentinel":
+            return f"master {self.master_name!r} of the sentinels {_shown(self.url)}"
+        if self.topology == "cluster":
+            return f"Redis Cluster {_shown(self.url)}"
+        return _shown(self.url)
+
+    def key(self) -> str:
+        """A string equal for equal servers (the dataclass holds a dict, so it
+        cannot be hashed)."""
+        given = self.sentinel_kwargs
+        sentinel_kwargs = None if given is None else sorted(given.items())
+        return repr((self.url, self.master_name, sentinel_kwargs, self.cluster))
+
+    def loop_clients(self) -> LoopClients:
+        """A new ``LoopClients`` for this server (``fifolock_celery.clients.clients_for``
+        keeps one per app and server)."""
+        parts = [urlsplit(chunk.strip()) for chunk in self.url.split(SEPARATOR)]
+        if self.master_name is not None:
+            first = parts[0]
+            master: dict[str, Any] = {"db": _database(first)}
+            if first.username:
+                master["username"] = unquote(first.username)
+            if first.password:
+                master["password"] = unquote(first.password)
+            return LoopClients.sentinel(
+                [(part.hostname or "", part.port or SENTINEL_PORT) for part in parts],
+                self.master_name,
+                sentinel_kwargs=self.sentinel_kwargs,
+                **master,
+            )
+        if self.cluster:
+            nodes = [(part.hostname or "", part.port or NODE_PORT) for part in parts[1:]]
+            return LoopClients.cluster(parts[0].geturl(), nodes=nodes)
+        return LoopClients(self.url)
+
+
+def _masked(url: str) -> str:
+    """One URL with its password (if any) replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _shown(url: str) -> str:
+    """``url`` (one or several) with passwords masked, quoted."""
+    return repr(SEPARATOR.join(_masked(chunk.strip()) for chunk in url.split(SEPARATOR)))
+
+
+def _database(part: SplitResult) -> int:
+    """The database number in a URL's path ("/2" is 2, none is 0).
+
+    Raises:
+        ServerError: the path is not a number.
+    """
+    path = part.path.strip("/")
+    if not path:
+        return 0
+    if not path.isdigit():
+        raise ServerError(f"{part.geturl()!r}: the path must be a database number, got {path!r}")
+    return int(path)
+
+
+def _check_nodes(url: str, parts: list[SplitResult], schemes: set[str]) -> None:
+    """Cluster node URLs: redis:// or rediss://, with a host, database 0."""
+    if not schemes <= {"redis", "rediss"} or not all(part.hostname for part in parts):
+        raise ServerError(
+            f"{_shown(url)}: every node of a Redis Cluster must be a redis://host[:port] "
+            "or rediss://host[:port] URL"
+        )
+    for part in parts:
+        if _database(part):
+            raise ServerError(
+                f"{_shown(url)} names database {_database(part)}, but a Redis Cluster has "
+                "database 0 only"
+            )
