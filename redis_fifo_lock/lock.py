@@ -9,8 +9,9 @@ strictly increase per name while the server keeps its data; loud failure
 What it does not promise: exclusion across a pause (GC, SIGSTOP, VM freeze,
 partition) longer than ``lease_ms`` - pass ``lease.fence`` to the resource so it
 can refuse stale writers; anything across a Redis failover or restart that loses
-writes (the fence counter included); bounding a holder that is alive but stuck,
-beyond ``max_hold_ms``.
+writes (the fence counter included), unless ``replicas`` makes every grant and
+renewal wait for replicas that a failover would promote; bounding a holder that
+is alive but stuck, beyond ``max_hold_ms``.
 """
 
 from __future__ import annotations

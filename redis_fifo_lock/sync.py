@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 
 from .clients import LoopClients
 from .lease import Lease, LockStatus
@@ -26,7 +27,8 @@ class SyncFifoLock:
         connection: a Redis URL (str) or a ``LoopClients`` to share connection
             settings; the portal loop builds its own client from it.
         name: the lock name (str), as for ``FifoLock``.
-        lease_ms, poll_ms, max_hold_ms: as for ``FifoLock`` (milliseconds).
+        lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for
+            ``FifoLock`` (see ``LockSettings``).
 
     Raises:
         ValueError: naming the setting, for a bad name or settings.
@@ -43,9 +45,17 @@ class SyncFifoLock:
         lease_ms: int = 60_000,
         poll_ms: int = 30_000,
         max_hold_ms: int = 1_800_000,
+        replicas: int = 0,
+        replica_wait_ms: int | None = None,
     ) -> None:
         self.name = check_name(name)
-        self.settings = LockSettings(lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms)
+        self.settings = LockSettings(
+            lease_ms=lease_ms,
+            poll_ms=poll_ms,
+            max_hold_ms=max_hold_ms,
+            replicas=replicas,
+            replica_wait_ms=replica_wait_ms,
+        )
         self.clients = (
             connection if isinstance(connection, LoopClients) else LoopClients(connection)
         )
@@ -59,17 +69,7 @@ class SyncFifoLock:
         client = self.clients.client()
         core = self._core
         if core is None or core[0] is not client:
-            settings = self.settings
-            core = self._core = (
-                client,
-                FifoLock(
-                    client,
-                    self.name,
-                    lease_ms=settings.lease_ms,
-                    poll_ms=settings.poll_ms,
-                    max_hold_ms=settings.max_hold_ms,
-                ),
-            )
+            core = self._core = (client, FifoLock(client, self.name, **asdict(self.settings)))
         return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:

@@ -17,7 +17,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from redis_fifo_lock import FifoLock, LockSettings, LockUsageError, NotReplicated
+from redis_fifo_lock import FifoLock, LockSettings, LockUsageError, NotReplicated, SyncFifoLock
 from redis_fifo_lock.protocol import PROTOCOL, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from tests.support.polling import until, until_sync
@@ -169,3 +169,13 @@ async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_rais
         await second_client.aclose()
     status = await first.status()
     assert (status.held, status.waiting, status.fence) == (False, 0, lease.fence + 1)
+
+
+def test_the_sync_lock_passes_replicas_through(redis_url: str) -> None:
+    # A lone server has no replica to acknowledge: the setting must reach the
+    # core (NotReplicated), not be dropped on the way (a plain grant).
+    lock = SyncFifoLock(redis_url, "sync-alone", lease_ms=3000, poll_ms=500, replicas=1)
+    assert lock.settings.replicas == 1
+    with pytest.raises(NotReplicated):
+        lock.acquire(timeout=5)
+    assert not lock.status().held

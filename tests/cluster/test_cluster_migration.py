@@ -303,6 +303,35 @@ async def test_a_release_cut_short_as_the_slot_starts_moving_is_typed_and_handed
     await lock.release(next_lease)
 
 
+async def test_a_retried_release_that_was_cut_short_hands_off_at_once(
+    clients: tuple[RedisCluster, RedisCluster], mover: SlotMover
+) -> None:
+    # As above, but the holder retries its release as soon as the slot landed:
+    # the retry finds the lease released and makes the missed hand-off itself,
+    # so the waiter is woken by the doorbell, long before its next poll.
+    slow_poll = {"lease_ms": 20_000, "poll_ms": 10_000}
+    holder_client, waiter_client = clients
+    lock = FifoLock(holder_client, "cut-short-retried", **slow_poll)
+    await lock.release(await lock.acquire())
+    lease = await lock.acquire()
+    waiting = asyncio.create_task(FifoLock(waiter_client, lock.name, **slow_poll).acquire())
+
+    async def queued() -> bool:
+        return (await lock.status()).waiting == 1
+
+    await until(queued, "the waiter is queued")
+    await mover.begin(await mover.keyslot(lock.keys.key("lease")))
+    with pytest.raises(RedisUnavailable, match="cut short"):
+        await lock.release(lease)
+    await mover.finish()
+    retried_at = time.monotonic()
+    await lock.release(lease)
+    next_lease = await asyncio.wait_for(waiting, BOUND_S)
+    assert time.monotonic() - retried_at < 2.0, "handed off by a poll, not by the retry"
+    assert next_lease.fence == lease.fence + 1
+    await lock.release(next_lease)
+
+
 @pytest.mark.parametrize("seed", range(3))
 async def test_holds_coming_and_going_while_the_slot_moves_back_and_forth(
     clients: tuple[RedisCluster, RedisCluster],
