@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from dataclasses import asdict
 
 from celery import Celery
 
@@ -81,6 +82,8 @@ def lock_for(
     lease_ms: int | None = None,
     poll_ms: int | None = None,
     max_hold_ms: int | None = None,
+    replicas: int | None = None,
+    replica_wait_ms: int | None = None,
 ) -> SyncFifoLock:
     """A ``SyncFifoLock`` named ``name`` configured by ``app``'s ``fifo_lock_*`` settings.
 
@@ -89,22 +92,26 @@ def lock_for(
     Args:
         app: the Celery app whose settings apply.
         name: the lock name (str), see ``redis_fifo_lock.FifoLock``.
-        lease_ms, poll_ms, max_hold_ms: overrides (int milliseconds) of the app's
-            ``fifo_lock_lease_ms`` / ``fifo_lock_poll_ms`` / ``fifo_lock_max_hold_ms``;
-            None (default) keeps the app's value.
+        lease_ms, poll_ms, max_hold_ms, replica_wait_ms: overrides (int
+            milliseconds) of the app's ``fifo_lock_lease_ms`` /
+            ``fifo_lock_poll_ms`` / ``fifo_lock_max_hold_ms`` /
+            ``fifo_lock_replica_wait_ms``; None (default) keeps the app's value.
+        replicas: override (int) of the app's ``fifo_lock_replicas``; None
+            (default) keeps the app's value.
 
     Raises:
         LockUsageError: no Redis URL configured (see ``LockConfig.from_app``).
-        ValueError: a bad lock name or timing setting, naming it.
+        ValueError: a bad lock name or setting, naming it, or ``replicas``
+            above 0 on a Redis Cluster.
     """
     config = LockConfig.from_app(
-        app, name, lease_ms=lease_ms, poll_ms=poll_ms, max_hold_ms=max_hold_ms
-    )
-    settings = config.settings
-    return SyncFifoLock(
-        clients_for(app, config.server),
+        app,
         name,
-        lease_ms=settings.lease_ms,
-        poll_ms=settings.poll_ms,
-        max_hold_ms=settings.max_hold_ms,
+        lease_ms=lease_ms,
+        poll_ms=poll_ms,
+        max_hold_ms=max_hold_ms,
+        replicas=replicas,
+        replica_wait_ms=replica_wait_ms,
     )
+    # Every field of the settings, so that none can be dropped on the way.
+    return SyncFifoLock(clients_for(app, config.server), name, **asdict(config.settings))

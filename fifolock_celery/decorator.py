@@ -35,7 +35,7 @@ from .clients import lock_for
 from .lease import acquire, published
 from .names import NameTemplate
 from .policies import DEFAULT_COUNTDOWN_S, Policy, check_countdown, check_policy, contended, granted
-from .settings import check_ms
+from .settings import check_lock_option
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,14 +58,16 @@ def check_options(
     lease_ms: object,
     poll_ms: object,
     max_hold_ms: object,
+    replicas: object,
+    replica_wait_ms: object,
     *,
     spell: Callable[[str], str] = lambda option: f"@fifo_locked({option}=...)",
 ) -> tuple[float | None, Policy, float]:
     """Check the lock options that do not depend on the function.
 
     Args:
-        timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms: as for
-            ``fifo_locked``.
+        timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms, replicas,
+            replica_wait_ms: as for ``fifo_locked``.
         spell: how an option is spelled by the user, for error messages
             (default: ``@fifo_locked(lease_ms=...)``).
 
@@ -88,10 +90,16 @@ def check_options(
         )
     else:
         checked_timeout = check_timeout(timeout)
-    timing = {"lease_ms": lease_ms, "poll_ms": poll_ms, "max_hold_ms": max_hold_ms}
-    for option, value in timing.items():
+    lock_options = {
+        "lease_ms": lease_ms,
+        "poll_ms": poll_ms,
+        "max_hold_ms": max_hold_ms,
+        "replicas": replicas,
+        "replica_wait_ms": replica_wait_ms,
+    }
+    for option, value in lock_options.items():
         if value is not None:
-            check_ms(spell(option), value)
+            check_lock_option(option, spell(option), value)
     return checked_timeout, checked_policy, check_countdown(countdown)
 
 
@@ -106,8 +114,11 @@ class LockSpec:
         policy: what to do when ``timeout`` runs out: "wait" (fail with
             ``LockTimeout``), "retry" or "skip" (see ``fifolock_celery.policies``).
         countdown: seconds (float) before a task republished by "retry" runs.
-        lease_ms, poll_ms, max_hold_ms: per-task overrides (int milliseconds) of
-            the app's ``fifo_lock_*`` settings, or None to use the app's.
+        lease_ms, poll_ms, max_hold_ms, replica_wait_ms: per-task overrides
+            (int milliseconds) of the app's ``fifo_lock_*`` settings, or None to
+            use the app's.
+        replicas: per-task override (int) of the app's ``fifo_lock_replicas``,
+            or None to use the app's.
 
     Build it with ``LockSpec.build``, which checks every value.
     """
@@ -119,6 +130,8 @@ class LockSpec:
     lease_ms: int | None
     poll_ms: int | None
     max_hold_ms: int | None
+    replicas: int | None
+    replica_wait_ms: int | None
 
     @classmethod
     def build(
@@ -132,6 +145,8 @@ class LockSpec:
         lease_ms: int | None = None,
         poll_ms: int | None = None,
         max_hold_ms: int | None = None,
+        replicas: int | None = None,
+        replica_wait_ms: int | None = None,
         spell: Callable[[str], str] = lambda option: f"@fifo_locked({option}=...)",
     ) -> LockSpec:
         """Check the options for ``func`` and return them as a ``LockSpec``.
@@ -139,8 +154,8 @@ class LockSpec:
         Args:
             name: lock name or template (str), see ``NameTemplate``.
             func: the task function (its signature fills the template).
-            timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms: as for
-                ``fifo_locked``.
+            timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms,
+                replicas, replica_wait_ms: as for ``fifo_locked``.
             spell: how an option is spelled by the user, for error messages.
 
         Raises:
@@ -148,7 +163,15 @@ class LockSpec:
                 refuses (see there).
         """
         checked_timeout, checked_policy, checked_countdown = check_options(
-            timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms, spell=spell
+            timeout,
+            policy,
+            countdown,
+            lease_ms,
+            poll_ms,
+            max_hold_ms,
+            replicas,
+            replica_wait_ms,
+            spell=spell,
         )
         return cls(
             NameTemplate(name, func),
@@ -158,22 +181,30 @@ class LockSpec:
             lease_ms,
             poll_ms,
             max_hold_ms,
+            replicas,
+            replica_wait_ms,
         )
+
+    def lock_options(self) -> dict[str, int | None]:
+        """The per-task overrides of the app's lock settings, as keyword arguments
+        of ``lock_for`` and ``LockConfig.from_app`` (None: use the app's)."""
+        return {
+            "lease_ms": self.lease_ms,
+            "poll_ms": self.poll_ms,
+            "max_hold_ms": self.max_hold_ms,
+            "replicas": self.replicas,
+            "replica_wait_ms": self.replica_wait_ms,
+        }
 
     def lock(self, task: Task[Any, Any], name: str) -> SyncFifoLock:
         """The lock named ``name`` for one execution of ``task``.
 
         Raises:
             LockUsageError: no Redis URL configured for ``task.app``.
-            ValueError: the name or a timing setting is invalid.
+            ValueError: the name or a lock setting is invalid (or ``replicas``
+                is above 0 on a Redis Cluster).
         """
-        return lock_for(
-            task.app,
-            name,
-            lease_ms=self.lease_ms,
-            poll_ms=self.poll_ms,
-            max_hold_ms=self.max_hold_ms,
-        )
+        return lock_for(task.app, name, **self.lock_options())
 
 
 def _running_task(args: tuple[Any, ...], spec: LockSpec) -> Task[Any, Any]:
@@ -240,6 +271,8 @@ def fifo_locked(
     lease_ms: int | None = ...,
     poll_ms: int | None = ...,
     max_hold_ms: int | None = ...,
+    replicas: int | None = ...,
+    replica_wait_ms: int | None = ...,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -253,6 +286,8 @@ def fifo_locked(
     lease_ms: int | None = ...,
     poll_ms: int | None = ...,
     max_hold_ms: int | None = ...,
+    replicas: int | None = ...,
+    replica_wait_ms: int | None = ...,
 ) -> Callable[[Callable[P, R]], Callable[P, R | str]]: ...
 
 
@@ -265,6 +300,8 @@ def fifo_locked(
     lease_ms: int | None = None,
     poll_ms: int | None = None,
     max_hold_ms: int | None = None,
+    replicas: int | None = None,
+    replica_wait_ms: int | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]] | Callable[[Callable[P, R]], Callable[P, R | str]]:
     """Decorate a Celery task function so that its body runs holding a FIFO lock.
 
@@ -294,6 +331,13 @@ def fifo_locked(
             ``fifo_lock_lease_ms`` / ``fifo_lock_poll_ms`` / ``fifo_lock_max_hold_ms``
             for this task; None (default) uses the app's (see
             ``fifolock_celery.settings``).
+        replicas: override (int, 0 or more) of the app's ``fifo_lock_replicas``:
+            how many replicas must acknowledge each grant and renewal (for
+            Sentinel set-ups; not on Redis Cluster). None (default) uses the
+            app's.
+        replica_wait_ms: override (int milliseconds) of the app's
+            ``fifo_lock_replica_wait_ms``: how long each grant and renewal waits
+            for those acknowledgements. None (default) uses the app's.
 
     The decorated function carries its ``LockSpec`` as ``fifo_lock_spec``
     (e.g. ``task.run.fifo_lock_spec.name.template``) and keeps the signature of
@@ -303,8 +347,8 @@ def fifo_locked(
         ValueError: a template naming a parameter the function does not take, a
             positional ``{}`` field, a name that can never be valid, an unknown
             ``policy``, a bad ``timeout`` or ``countdown``, ``timeout=None``
-            with ``retry`` or ``skip``, or a timing option that is not a
-            positive int.
+            with ``retry`` or ``skip``, a timing option that is not a positive
+            int, or ``replicas`` that is not an int of 0 or more.
         TypeError: applied on top of ``@app.task`` or to an ``async def``.
 
     The task then raises (at run time), besides what the body raises:
@@ -312,6 +356,8 @@ def fifo_locked(
             ``retry`` in an eager call); nothing is left queued.
         celery.exceptions.Retry: the ``retry`` policy republished the task.
         RedisUnavailable: Redis could not be reached to acquire or release.
+        NotReplicated: (a ``RedisUnavailable``) with ``replicas`` above 0, fewer
+            replicas acknowledged the grant in time; the body did not run.
         LeaseLost: at release, the lease had been lost while the body ran (it
             outlived ``max_hold_ms``, or the process stalled beyond ``lease_ms``):
             another execution may have overlapped. This failure is deliberately
@@ -320,7 +366,8 @@ def fifo_locked(
         LockUsageError: no Redis URL configured (the message names
             ``fifo_lock_redis_url``), the body re-entered its own lock, or the
             name cannot be filled from the call (the message names the task).
-        ValueError: the formatted name or the merged timing settings are invalid.
+        ValueError: the formatted name or the merged lock settings are invalid,
+            or ``replicas`` is above 0 on a Redis Cluster lock server.
     """
 
     def decorate(func: Callable[P, R]) -> Callable[P, R | str]:
@@ -343,10 +390,14 @@ def fifo_locked(
             lease_ms=lease_ms,
             poll_ms=poll_ms,
             max_hold_ms=max_hold_ms,
+            replicas=replicas,
+            replica_wait_ms=replica_wait_ms,
         )
         return locked_function(func, spec)
 
     # Checked before any function is seen, so a bad option fails at the
     # decorator's own line.
-    check_options(timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms)
+    check_options(
+        timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms
+    )
     return decorate

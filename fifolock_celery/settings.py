@@ -16,10 +16,16 @@ capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
 ``fifo_lock_lease_ms``            Default ``lease_ms`` (int, ms). Default 60_000.
 ``fifo_lock_poll_ms``             Default ``poll_ms`` (int, ms). Default 30_000.
 ``fifo_lock_max_hold_ms``         Default ``max_hold_ms`` (int, ms). Default 1_800_000.
+``fifo_lock_replicas``            Default ``replicas`` (int): replicas that must
+                                  acknowledge each grant and renewal (Sentinel
+                                  set-ups; not on Redis Cluster). Default 0.
+``fifo_lock_replica_wait_ms``     Default ``replica_wait_ms`` (int, ms): how long
+                                  each grant and renewal waits for them. Default
+                                  None: a tenth of ``lease_ms``, at most 1000.
 ================================  ==================================================
 
 ``fifolock_celery.server`` shows the Sentinel and Redis Cluster forms. The
-timing settings mean what they mean for ``redis_fifo_lock.FifoLock``; a
+lock settings mean what they mean for ``redis_fifo_lock.FifoLock``; a
 ``@fifo_locked(...)`` option (or the ``fifo_lock_*`` attribute of the same name
 on a ``FifoLockedTask``) overrides the app's value for that task.
 """
@@ -47,16 +53,23 @@ POLL_MS_SETTING = "fifo_lock_poll_ms"
 """App setting (int, ms): default ``poll_ms`` of every task lock; default 30_000."""
 MAX_HOLD_MS_SETTING = "fifo_lock_max_hold_ms"
 """App setting (int, ms): default ``max_hold_ms`` of every task lock; default 1_800_000."""
+REPLICAS_SETTING = "fifo_lock_replicas"
+"""App setting (int): default ``replicas`` of every task lock; default 0."""
+REPLICA_WAIT_MS_SETTING = "fifo_lock_replica_wait_ms"
+"""App setting (int, ms): default ``replica_wait_ms`` of every task lock; default None
+(a tenth of ``lease_ms``, at most 1000)."""
 
 REDIS_SCHEMES = ("redis://", "rediss://", "sentinel://")
 """URL schemes accepted from ``broker_url`` as the default lock server (several
 ``sentinel://`` URLs separated by ``;`` too)."""
 
 _DEFAULTS = LockSettings()
-_TIMING_SETTINGS = {
+_LOCK_SETTINGS = {
     "lease_ms": LEASE_MS_SETTING,
     "poll_ms": POLL_MS_SETTING,
     "max_hold_ms": MAX_HOLD_MS_SETTING,
+    "replicas": REPLICAS_SETTING,
+    "replica_wait_ms": REPLICA_WAIT_MS_SETTING,
 }
 
 
@@ -79,6 +92,35 @@ def check_ms(setting: str, value: object) -> int:
     return value
 
 
+def check_count(setting: str, value: object) -> int:
+    """Return ``value`` if it is a whole number of 0 or more.
+
+    Args:
+        setting: the name to put in the error message (str).
+        value: the value to check.
+
+    Raises:
+        ValueError: naming ``setting``, for anything but an ``int`` >= 0
+            (``bool``, ``float`` and numeric strings are refused).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{setting} must be a whole number of 0 or more (int), "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    return value
+
+
+def check_lock_option(option: str, setting: str, value: object) -> int:
+    """Check ``value`` for the lock option ``option`` (a ``LockSettings`` field:
+    ``replicas`` takes ``check_count``, the others ``check_ms``).
+
+    Raises:
+        ValueError: naming ``setting`` (how the user spelled it), as those do.
+    """
+    return check_count(setting, value) if option == "replicas" else check_ms(setting, value)
+
+
 @dataclass(frozen=True)
 class LockConfig:
     """Where and how a Celery task locks: the app's settings plus overrides.
@@ -86,8 +128,9 @@ class LockConfig:
     Attributes:
         server: where the locks live (``fifolock_celery.server.LockServer``:
             one server, a Sentinel master or a Redis Cluster).
-        settings: the timing settings (``redis_fifo_lock.LockSettings``: lease_ms,
-            poll_ms, max_hold_ms, all int milliseconds).
+        settings: the lock settings (``redis_fifo_lock.LockSettings``: lease_ms,
+            poll_ms, max_hold_ms, replica_wait_ms in int milliseconds, and
+            replicas).
 
     Build it with ``LockConfig.from_app``.
     """
@@ -104,41 +147,65 @@ class LockConfig:
         lease_ms: int | None = None,
         poll_ms: int | None = None,
         max_hold_ms: int | None = None,
+        replicas: int | None = None,
+        replica_wait_ms: int | None = None,
     ) -> LockConfig:
         """Read ``app.conf`` and apply the per-task overrides (None: use the app's).
 
         Args:
             app: the Celery app whose ``fifo_lock_*`` settings apply.
             lock_name: the lock about to be used (str), named in errors.
-            lease_ms, poll_ms, max_hold_ms: per-task overrides (int ms) or None.
+            lease_ms, poll_ms, max_hold_ms, replica_wait_ms: per-task overrides
+                (int ms) or None.
+            replicas: per-task override (int) or None.
 
         Raises:
             LockUsageError: no Redis URL (``fifo_lock_redis_url`` is unset and
                 the broker is not Redis), or the URL and transport options do
                 not make a lock server (see ``server_of``). The message names
                 the setting.
-            ValueError: naming the setting, for a timing value that is not a
-                positive int or a combination ``LockSettings`` refuses.
+            ValueError: naming the setting, for a value that is not a positive
+                int (``replicas``: an int of 0 or more), a combination
+                ``LockSettings`` refuses, or ``replicas`` above 0 with a Redis
+                Cluster server (which cannot wait for replicas).
         """
-        overrides = {"lease_ms": lease_ms, "poll_ms": poll_ms, "max_hold_ms": max_hold_ms}
-        timing: dict[str, int] = {}
-        for option, setting in _TIMING_SETTINGS.items():
-            override = overrides[option]
-            if override is not None:
-                timing[option] = check_ms(f"@fifo_locked({option}=...)", override)
-                continue
-            value: Any = app.conf.get(setting)
-            timing[option] = (
-                getattr(_DEFAULTS, option) if value is None else check_ms(setting, value)
+        overrides = {
+            "lease_ms": lease_ms,
+            "poll_ms": poll_ms,
+            "max_hold_ms": max_hold_ms,
+            "replicas": replicas,
+            "replica_wait_ms": replica_wait_ms,
+        }
+        chosen: dict[str, Any] = {}
+        spelled: dict[str, str] = {}
+        for option, setting in _LOCK_SETTINGS.items():
+            value: Any = overrides[option]
+            spelled[option] = f"@fifo_locked({option}=...)" if value is not None else setting
+            if value is None:
+                value = app.conf.get(setting)
+            chosen[option] = (
+                getattr(_DEFAULTS, option)
+                if value is None
+                else check_lock_option(option, spelled[option], value)
             )
         try:
-            settings = LockSettings(**timing)
+            settings = LockSettings(**chosen)
         except ValueError as exc:
             raise ValueError(
                 f"FIFO lock {lock_name!r}: {exc} (from the app's fifo_lock_* settings "
                 "and the @fifo_locked options)"
             ) from None
-        return cls(server=server_of(app, lock_name), settings=settings)
+        server = server_of(app, lock_name)
+        if settings.replicas and server.cluster:
+            # The core would refuse it only at the first acquire (LoopClients
+            # hides the cluster client until then): refuse it here, by name.
+            raise ValueError(
+                f"FIFO lock {lock_name!r}: {spelled['replicas']} is {settings.replicas}, but "
+                f"the locks are on a Redis Cluster ({server.describe()}), where a lock cannot "
+                "wait for replicas (WAIT cannot follow the lock's script on its connection "
+                "there); set it to 0"
+            )
+        return cls(server=server, settings=settings)
 
 
 def _redis_broker(broker: object) -> bool:

@@ -39,6 +39,8 @@ OPTIONS = (
     "fifo_lock_lease_ms",
     "fifo_lock_poll_ms",
     "fifo_lock_max_hold_ms",
+    "fifo_lock_replicas",
+    "fifo_lock_replica_wait_ms",
 )
 """The task attributes that configure the lock."""
 
@@ -62,8 +64,11 @@ class FifoLockedTask(_Task):
             ``fifolock_celery.policies``.
         fifo_lock_countdown: seconds (float) before a task republished by
             "retry" runs again; default 5.0.
-        fifo_lock_lease_ms, fifo_lock_poll_ms, fifo_lock_max_hold_ms: per-task
-            overrides (int milliseconds) of the app settings of the same names;
+        fifo_lock_lease_ms, fifo_lock_poll_ms, fifo_lock_max_hold_ms,
+            fifo_lock_replica_wait_ms: per-task overrides (int milliseconds) of
+            the app settings of the same names; None (default) uses the app's.
+        fifo_lock_replicas: per-task override (int) of the app setting of the
+            same name (replicas that must acknowledge each grant and renewal);
             None (default) uses the app's.
         fifo_lock_spec: the checked options (``LockSpec``), set on each class
             that has a body; None on the abstract ones.
@@ -85,6 +90,8 @@ class FifoLockedTask(_Task):
     fifo_lock_lease_ms: ClassVar[int | None] = None
     fifo_lock_poll_ms: ClassVar[int | None] = None
     fifo_lock_max_hold_ms: ClassVar[int | None] = None
+    fifo_lock_replicas: ClassVar[int | None] = None
+    fifo_lock_replica_wait_ms: ClassVar[int | None] = None
     fifo_lock_spec: ClassVar[LockSpec | None] = None
 
     # The body as written, and whether it is a staticmethod (unbound task),
@@ -123,6 +130,8 @@ class FifoLockedTask(_Task):
                 lease_ms=cls.fifo_lock_lease_ms,
                 poll_ms=cls.fifo_lock_poll_ms,
                 max_hold_ms=cls.fifo_lock_max_hold_ms,
+                replicas=cls.fifo_lock_replicas,
+                replica_wait_ms=cls.fifo_lock_replica_wait_ms,
                 spell=lambda option: f"fifo_lock_{option}",
             )
         except ValueError as exc:

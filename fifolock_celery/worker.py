@@ -74,8 +74,9 @@ def start_warnings(app: Celery) -> list[str]:
 
     For each locked task (by task name):
 
-    - its lock settings are invalid, or there is no Redis URL for the locks
-      (every execution would fail);
+    - its lock settings are invalid (``replicas`` above 0 on a Redis Cluster
+      among them), or there is no Redis URL for the locks (every execution
+      would fail);
     - ``max_hold_ms`` is shorter than its hard ``time_limit``: a body running
       past ``max_hold_ms`` loses its lease while it still runs;
     - it is ``acks_late`` on a Redis broker whose ``visibility_timeout`` is
@@ -101,13 +102,7 @@ def start_warnings(app: Celery) -> list[str]:
         if spec is None:
             continue
         try:
-            config = LockConfig.from_app(
-                app,
-                spec.name.template,
-                lease_ms=spec.lease_ms,
-                poll_ms=spec.poll_ms,
-                max_hold_ms=spec.max_hold_ms,
-            )
+            config = LockConfig.from_app(app, spec.name.template, **spec.lock_options())
         except (LockUsageError, ValueError) as exc:
             messages.append(f"task {name}: every execution will fail: {exc}")
             continue

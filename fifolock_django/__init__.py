@@ -12,7 +12,7 @@
 - ``manage.py fifolock status NAME`` and ``manage.py fifolock run NAME --
   COMMAND [ARGS]`` (with ``"fifolock_django"`` in ``INSTALLED_APPS``).
 - ``fifolock_django.conf``: the ``FIFOLOCK`` setting (``LEASE_MS``, ``POLL_MS``,
-  ``MAX_HOLD_MS``, ``CACHE``), read at use time.
+  ``MAX_HOLD_MS``, ``REPLICAS``, ``REPLICA_WAIT_MS``, ``CACHE``), read at use time.
 - ``"fifolock_django"`` in ``INSTALLED_APPS`` adds system checks
   (``fifolock.E001``...; see ``fifolock_django.checks``).
 

@@ -12,6 +12,9 @@ Registered under the ``caches`` tag when ``"fifolock_django"`` is in
   ``KEY_PREFIX`` with ``{`` or ``}``, Sentinel options without ``SENTINELS``
   or without django-redis's Sentinel connection factory, a Redis Cluster URL
   with a database other than 0, Sentinel on Django's built-in backend...).
+- ``fifolock.E007`` ``FIFOLOCK['REPLICAS']`` is above 0 and a cache with
+  ``fifo_lock()`` keeps its locks on a Redis Cluster, which cannot wait for
+  replicas.
 
 With ``manage.py check --deploy`` only (they talk to each lock cache's server,
 waiting at most ``SERVER_CHECK_TIMEOUT_S`` seconds for it). The server is the
@@ -138,7 +141,7 @@ def check_lock_caches_make_locks(
     errors: list[CheckMessage] = []
     for alias, cache in _lock_caches():
         try:
-            cache.fifo_lock(CHECK_LOCK)
+            cache.fifo_lock(CHECK_LOCK, replicas=0)  # replicas: fifolock.E007
         except ImproperlyConfigured as exc:
             errors.append(
                 Error(
@@ -147,6 +150,44 @@ def check_lock_caches_make_locks(
                     id="fifolock.E004",
                 )
             )
+    return errors
+
+
+@register(Tags.caches)
+def check_replicas_on_cluster(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``fifolock.E007`` for each cache with ``fifo_lock()`` on a Redis Cluster
+    when ``FIFOLOCK['REPLICAS']`` is above 0 (nothing is sent to Redis)."""
+    try:
+        replicas = fifolock_settings().lock.replicas
+    except ImproperlyConfigured:
+        return []  # reported as fifolock.E003
+    if not replicas:
+        return []
+    errors: list[CheckMessage] = []
+    for alias, cache in _lock_caches():
+        if not isinstance(cache, FifoLockMixin):
+            continue
+        try:
+            connection = cache.fifo_lock_connection()
+        except ImproperlyConfigured:
+            continue  # reported as fifolock.E004
+        if connection.topology != "cluster":
+            continue
+        errors.append(
+            Error(
+                f"{SETTING}['REPLICAS'] is {replicas}, but cache {alias!r} keeps its FIFO "
+                f"locks on a Redis Cluster ({connection.describe()}), where a lock cannot "
+                "wait for replicas: its fifo_lock() raises ImproperlyConfigured unless "
+                "given replicas=0.",
+                hint=(
+                    f"Set {SETTING}['REPLICAS'] to 0, or pass replicas=0 to every "
+                    f"fifo_lock() on cache {alias!r}."
+                ),
+                id="fifolock.E007",
+            )
+        )
     return errors
 
 

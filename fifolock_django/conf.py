@@ -6,13 +6,18 @@ Every key is optional; the defaults are the core's::
         "LEASE_MS": 60_000,       # int, milliseconds a grant survives unrenewed
         "POLL_MS": 30_000,        # int, milliseconds between a waiter's polls
         "MAX_HOLD_MS": 1_800_000, # int, milliseconds one grant may be renewed for
+        "REPLICAS": 0,            # int, replicas that must acknowledge each grant/renewal
+        "REPLICA_WAIT_MS": None,  # int or None, milliseconds to wait for them
         "CACHE": "default",       # str, alias in CACHES: fifo_locked_command, fifolock, lock_name
     }
 
 The setting is read each time a lock is made, never cached at import, so
 ``override_settings(FIFOLOCK=...)`` takes effect at once. ``POLL_MS`` must be at
-most half of ``LEASE_MS`` and ``MAX_HOLD_MS`` at least ``LEASE_MS`` (see
-``redis_fifo_lock.LockSettings``).
+most half of ``LEASE_MS``, ``MAX_HOLD_MS`` at least ``LEASE_MS`` and
+``REPLICA_WAIT_MS`` at most a third of ``LEASE_MS`` (None: a tenth of
+``LEASE_MS``, at most 1000); see ``redis_fifo_lock.LockSettings``. ``REPLICAS``
+above 0 (for Sentinel set-ups) makes every grant and renewal wait for that many
+replicas, and cannot be used with a Redis Cluster cache.
 """
 
 from __future__ import annotations
@@ -33,11 +38,20 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_MS": 60_000,
     "POLL_MS": 30_000,
     "MAX_HOLD_MS": 1_800_000,
+    "REPLICAS": 0,
+    "REPLICA_WAIT_MS": None,
     "CACHE": "default",
 }
 """Value of each ``FIFOLOCK`` key when the project does not set it."""
 
-_TIMING_KEYS = {"lease_ms": "LEASE_MS", "poll_ms": "POLL_MS", "max_hold_ms": "MAX_HOLD_MS"}
+_LOCK_KEYS = {
+    "lease_ms": "LEASE_MS",
+    "poll_ms": "POLL_MS",
+    "max_hold_ms": "MAX_HOLD_MS",
+    "replicas": "REPLICAS",
+    "replica_wait_ms": "REPLICA_WAIT_MS",
+}
+"""The ``FIFOLOCK`` key of each ``LockSettings`` field (and ``fifo_lock()`` option)."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +62,9 @@ class FifoLockConfig:
         cache: alias (str) of the cache in ``CACHES`` whose ``fifo_lock()`` the
             management-command decorator, ``manage.py fifolock``, ``lock_name()``
             and the system checks use by default.
-        lock: the timing defaults (``LockSettings``: ``lease_ms``, ``poll_ms``,
-            ``max_hold_ms``, all int milliseconds) of every ``fifo_lock()``.
+        lock: the defaults (``LockSettings``: ``lease_ms``, ``poll_ms``,
+            ``max_hold_ms``, ``replica_wait_ms`` in int milliseconds, and
+            ``replicas``) of every ``fifo_lock()``.
     """
 
     cache: str
@@ -63,7 +78,9 @@ def fifolock_settings() -> FifoLockConfig:
         ImproperlyConfigured: naming the key, e.g. ``FIFOLOCK['POLL_MS']``, when
             the setting is not a dict, has an unknown key, or holds a value the
             core refuses (not a positive int of milliseconds, ``POLL_MS`` more
-            than half of ``LEASE_MS``, ``MAX_HOLD_MS`` under ``LEASE_MS``).
+            than half of ``LEASE_MS``, ``MAX_HOLD_MS`` under ``LEASE_MS``,
+            ``REPLICAS`` not an int of 0 or more, ``REPLICA_WAIT_MS`` more than
+            a third of ``LEASE_MS``).
     """
     given = getattr(settings, SETTING, None)
     if given is None:
@@ -85,11 +102,7 @@ def fifolock_settings() -> FifoLockConfig:
             f"{SETTING}['CACHE'] must be the alias (str) of a cache in CACHES, got {cache!r}"
         )
     try:
-        lock = LockSettings(
-            lease_ms=values["LEASE_MS"],
-            poll_ms=values["POLL_MS"],
-            max_hold_ms=values["MAX_HOLD_MS"],
-        )
+        lock = LockSettings(**{field: values[key] for field, key in _LOCK_KEYS.items()})
     except ValueError as exc:
         raise ImproperlyConfigured(_setting_names(str(exc))) from exc
     return FifoLockConfig(cache=cache, lock=lock)
@@ -97,5 +110,5 @@ def fifolock_settings() -> FifoLockConfig:
 
 def _setting_names(message: str) -> str:
     """Rewrite the core's argument names (``poll_ms``) as settings (``FIFOLOCK['POLL_MS']``)."""
-    pattern = r"\b(" + "|".join(_TIMING_KEYS) + r")\b"
-    return re.sub(pattern, lambda m: f"{SETTING}[{_TIMING_KEYS[m.group(1)]!r}]", message)
+    pattern = r"\b(" + "|".join(_LOCK_KEYS) + r")\b"
+    return re.sub(pattern, lambda m: f"{SETTING}[{_LOCK_KEYS[m.group(1)]!r}]", message)

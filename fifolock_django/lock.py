@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import asdict, replace
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
@@ -95,7 +96,9 @@ class CacheFifoLock:
             (``cache.make_key(name)``), already validated.
         timeout: seconds (float) to wait on entry; None waits forever, 0 tries
             once.
-        settings: ``lease_ms``, ``poll_ms``, ``max_hold_ms`` (int milliseconds).
+        settings: the lock's ``LockSettings`` (``lease_ms``, ``poll_ms``,
+            ``max_hold_ms``, ``replicas``, ``replica_wait_ms``), given whole to
+            the core's lock.
 
     Raises:
         ValueError: for a bad ``name`` or ``timeout``.
@@ -103,7 +106,9 @@ class CacheFifoLock:
     Entering raises ``LockTimeout`` (a ``TimeoutError``; ``.waited`` in seconds,
     ``.holder_fence``) when ``timeout`` runs out, and ``RedisUnavailable`` when
     Redis cannot be reached - whatever the cache's ``IGNORE_EXCEPTIONS`` says: a
-    lock never fails open. Leaving raises ``LeaseLost`` when the lease was lost
+    lock never fails open. With ``replicas`` above 0, entering raises
+    ``NotReplicated`` (a ``RedisUnavailable``) when too few replicas
+    acknowledged the grant in time. Leaving raises ``LeaseLost`` when the lease was lost
     while the block ran. One object serves one ``with`` at a time; entering it
     again while held raises ``LockUsageError``. The sync forms (``with``,
     ``acquire``, ``release``, ``status``) in a thread that runs an event loop
@@ -130,27 +135,14 @@ class CacheFifoLock:
 
     def sync_lock(self) -> SyncFifoLock:
         """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
-        settings = self.settings
-        return SyncFifoLock(
-            self.clients,
-            self.name,
-            lease_ms=settings.lease_ms,
-            poll_ms=settings.poll_ms,
-            max_hold_ms=settings.max_hold_ms,
-        )
+        # Every field of the settings, so that none can be dropped on the way.
+        return SyncFifoLock(self.clients, self.name, **asdict(self.settings))
 
     def async_lock(self) -> FifoLock:
         """The core's ``FifoLock`` for this lock; each call uses the running event
         loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
-        settings = self.settings
-        return FifoLock(
-            self.clients,
-            self.name,
-            lease_ms=settings.lease_ms,
-            poll_ms=settings.poll_ms,
-            max_hold_ms=settings.max_hold_ms,
-        )
+        return FifoLock(self.clients, self.name, **asdict(self.settings))
 
     # --- acquire and release in different places --------------------------------------
 
@@ -285,6 +277,8 @@ class SupportsFifoLock(Protocol):
         lease_ms: int | None = None,
         poll_ms: int | None = None,
         max_hold_ms: int | None = None,
+        replicas: int | None = None,
+        replica_wait_ms: int | None = None,
     ) -> CacheFifoLock:
         """See ``FifoLockMixin.fifo_lock``."""
         ...
@@ -330,6 +324,8 @@ class FifoLockMixin(BaseCache):
         lease_ms: int | None = None,
         poll_ms: int | None = None,
         max_hold_ms: int | None = None,
+        replicas: int | None = None,
+        replica_wait_ms: int | None = None,
     ) -> CacheFifoLock:
         """A FIFO lock named by the cache key of ``name``, for ``with`` or ``async with``.
 
@@ -344,28 +340,38 @@ class FifoLockMixin(BaseCache):
             lease_ms: int milliseconds overriding ``FIFOLOCK['LEASE_MS']``.
             poll_ms: int milliseconds overriding ``FIFOLOCK['POLL_MS']``.
             max_hold_ms: int milliseconds overriding ``FIFOLOCK['MAX_HOLD_MS']``.
+            replicas: int overriding ``FIFOLOCK['REPLICAS']``: how many
+                replicas must acknowledge each grant and renewal (for Sentinel
+                set-ups; see ``redis_fifo_lock.LockSettings``).
+            replica_wait_ms: int milliseconds overriding
+                ``FIFOLOCK['REPLICA_WAIT_MS']``: how long each grant and renewal
+                waits for those acknowledgements.
 
         Returns:
             a ``CacheFifoLock``; entering it yields the ``Lease``. See there for
             what entering and leaving raise (``LockTimeout``, ``LeaseLost``,
-            ``RedisUnavailable`` - never swallowed, even with
+            ``RedisUnavailable``, ``NotReplicated`` - never swallowed, even with
             ``IGNORE_EXCEPTIONS``). Nothing touches Redis until it is used.
 
         Raises:
-            ValueError: for a bad ``name``, ``timeout`` or timing argument.
-            ImproperlyConfigured: for an invalid ``FIFOLOCK``, a ``KEY_PREFIX``
+            ValueError: for a bad ``name``, ``timeout`` or lock option, or
+                ``replicas`` above 0 on a Redis Cluster cache.
+            ImproperlyConfigured: for an invalid ``FIFOLOCK`` (or its
+                ``REPLICAS`` above 0 on a Redis Cluster cache), a ``KEY_PREFIX``
                 that makes an invalid lock name, or connection settings the
                 lock cannot use (such as a Sentinel set-up without ``SENTINELS``).
         """
         return cache_lock(
             self,
-            self.fifo_lock_clients,
+            self.fifo_lock_connection(),
             name,
             timeout,
             version=version,
             lease_ms=lease_ms,
             poll_ms=poll_ms,
             max_hold_ms=max_hold_ms,
+            replicas=replicas,
+            replica_wait_ms=replica_wait_ms,
         )
 
 
@@ -392,7 +398,7 @@ def lock_key(cache: BaseCache, name: str, version: int | None = None) -> str:
 
 def cache_lock(
     cache: BaseCache,
-    clients: LoopClients,
+    connection: LockConnection,
     name: str,
     timeout: float | None = None,
     *,
@@ -400,27 +406,50 @@ def cache_lock(
     lease_ms: int | None = None,
     poll_ms: int | None = None,
     max_hold_ms: int | None = None,
+    replicas: int | None = None,
+    replica_wait_ms: int | None = None,
 ) -> CacheFifoLock:
     """Build the ``CacheFifoLock`` that a backend's ``fifo_lock()`` returns.
 
-    The lock name given to the core is ``lock_key(cache, name, version)``;
-    ``lease_ms``/``poll_ms``/``max_hold_ms`` (int milliseconds) default to
-    ``FIFOLOCK``, read now. Nothing touches Redis here.
+    The lock name given to the core is ``lock_key(cache, name, version)``, its
+    connections ``shared_clients(connection)``. Each lock option left None
+    takes its ``FIFOLOCK`` value, read now: ``lease_ms``, ``poll_ms``,
+    ``max_hold_ms``, ``replica_wait_ms`` (int milliseconds) and ``replicas``
+    (int). Nothing touches Redis here.
 
     Raises:
-        ValueError: for a bad ``name``, ``timeout`` or timing argument (the
-            message names it).
-        ImproperlyConfigured: when ``FIFOLOCK`` is invalid, or the cache's key
-            function turns a valid ``name`` into an invalid lock name.
+        ValueError: for a bad ``name``, ``timeout`` or lock option (the message
+            names it), or ``replicas`` above 0 when ``connection`` is a Redis
+            Cluster.
+        ImproperlyConfigured: when ``FIFOLOCK`` is invalid (or its ``REPLICAS``
+            is above 0 and ``connection`` is a Redis Cluster), or the cache's
+            key function turns a valid ``name`` into an invalid lock name.
     """
     key = lock_key(cache, name, version)
-    defaults = fifolock_settings().lock
-    settings = LockSettings(
-        lease_ms=defaults.lease_ms if lease_ms is None else lease_ms,
-        poll_ms=defaults.poll_ms if poll_ms is None else poll_ms,
-        max_hold_ms=defaults.max_hold_ms if max_hold_ms is None else max_hold_ms,
-    )
-    return CacheFifoLock(clients, key, timeout, settings)
+    given = {
+        "lease_ms": lease_ms,
+        "poll_ms": poll_ms,
+        "max_hold_ms": max_hold_ms,
+        "replicas": replicas,
+        "replica_wait_ms": replica_wait_ms,
+    }
+    overrides = {option: value for option, value in given.items() if value is not None}
+    settings = replace(fifolock_settings().lock, **overrides)
+    if settings.replicas and connection.topology == "cluster":
+        # The core would refuse it only at the first acquire (LoopClients hides
+        # the cluster client until then): refuse it here, naming the source.
+        why = (
+            f"cache.fifo_lock({name!r}) is on a Redis Cluster ({connection.describe()}), "
+            "where a lock cannot wait for replicas (WAIT cannot follow the lock's script "
+            "on its connection there)"
+        )
+        if replicas is not None:
+            raise ValueError(f"replicas={replicas} is not supported: {why}; use replicas=0")
+        raise ImproperlyConfigured(
+            f"{SETTING}['REPLICAS'] is {settings.replicas}, but {why}; set "
+            f"{SETTING}['REPLICAS'] to 0, or pass replicas=0 to this cache's fifo_lock() calls"
+        )
+    return CacheFifoLock(shared_clients(connection), key, timeout, settings)
 
 
 def lock_cache(alias: str | None = None) -> SupportsFifoLock:

@@ -306,6 +306,16 @@ def lease_left(key: str) -> int | None:
     return lock_for(app, current_lease().name).status().lease_left_ms
 
 
+@app.task
+@fifo_locked("replicated-{key}", replicas=1)
+def replicated(log: str, key: str) -> int:
+    """Locked with ``replicas=1``: the test server has no replica to acknowledge
+    the grant, so the body must never run; return the fence."""
+    note(log, "enter")
+    note(log, "exit")
+    return current_lease().fence
+
+
 # -- gates: hold a lock until the test says so ------------------------------------
 
 

@@ -78,7 +78,6 @@ def test_a_lease_acquired_in_one_async_to_sync_call_is_released_in_another(
     assert not async_to_sync(status)().held
 
 
-
 def hold_across_closed_loop(redis_url: str, lock: Callable[[], FifoLock], lease_ms: int) -> bool:
     """Acquire in one ``asyncio.run`` (whose loop then closes), watch the lock
     from a plain client for 4 x ``lease_ms`` (many renewal intervals), then

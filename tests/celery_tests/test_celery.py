@@ -22,7 +22,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from fifolock_celery import lock_for
-from redis_fifo_lock import LockTimeout
+from redis_fifo_lock import LockTimeout, NotReplicated
 from tests import celery_app as tasks
 from tests.support.celery_worker import (
     RESULT_TIMEOUT_S,
@@ -209,6 +209,20 @@ def test_decorator_options_override_the_app_settings(worker: Worker) -> None:
     left_ms = get(tasks.lease_left.delay(unique("lease")))
 
     assert tasks.LEASE_MS < left_ms <= 3000
+
+
+def test_a_grant_no_replica_acknowledged_fails_the_task_without_running_its_body(
+    app: Celery, worker: Worker, log: Log, key: str
+) -> None:
+    # The session's server has no replica: replicas=1 must reach the core.
+    result = tasks.replicated.delay(log.key, key)
+    result.get(timeout=RESULT_TIMEOUT_S, propagate=False)
+
+    assert result.failed()
+    assert isinstance(result.result, NotReplicated)  # rebuilt from (name, message)
+    assert "acknowledged by 0 of the 1 replica(s)" in str(result.result)
+    assert log.holds() == []
+    assert not lock_for(app, f"replicated-{key}").status().held
 
 
 def test_the_worker_warns_at_start_about_a_time_limit_beyond_max_hold(

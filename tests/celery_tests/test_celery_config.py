@@ -35,7 +35,15 @@ from fifolock_celery import (
 )
 from fifolock_celery.names import NameTemplate
 from fifolock_celery.worker import spec_of
-from redis_fifo_lock import LeaseLost, LockError, LockTimeout, LockUsageError, RedisUnavailable
+from redis_fifo_lock import (
+    LeaseLost,
+    LockError,
+    LockSettings,
+    LockTimeout,
+    LockUsageError,
+    NotReplicated,
+    RedisUnavailable,
+)
 from tests import celery_app as tasks
 from tests.support.celery_worker import ROOT, Log, assert_serial, unique
 
@@ -81,9 +89,16 @@ def test_a_broker_that_is_not_one_redis_url_is_an_error_naming_the_setting(broke
 
 @pytest.mark.parametrize(
     ("setting", "value"),
-    [("fifo_lock_lease_ms", "600"), ("fifo_lock_poll_ms", 1.5), ("fifo_lock_max_hold_ms", 0)],
+    [
+        ("fifo_lock_lease_ms", "600"),
+        ("fifo_lock_poll_ms", 1.5),
+        ("fifo_lock_max_hold_ms", 0),
+        ("fifo_lock_replicas", -1),
+        ("fifo_lock_replicas", True),
+        ("fifo_lock_replica_wait_ms", 0),
+    ],
 )
-def test_a_bad_timing_setting_is_refused_by_name(setting: str, value: object) -> None:
+def test_a_bad_lock_setting_is_refused_by_name(setting: str, value: object) -> None:
     app = Celery("t", broker="redis://localhost/0")
     app.conf[setting] = value
 
@@ -97,6 +112,22 @@ def test_inconsistent_merged_settings_are_refused_with_the_lock_name() -> None:
 
     with pytest.raises(ValueError, match=r"'jobs'.*poll_ms"):
         LockConfig.from_app(app, "jobs", poll_ms=800)
+    with pytest.raises(ValueError, match=r"'jobs': replica_wait_ms \(400\) must be at most a"):
+        LockConfig.from_app(app, "jobs", poll_ms=500, replica_wait_ms=400)
+
+
+def test_the_replica_settings_reach_the_lock_settings_and_options_win() -> None:
+    app = Celery("t", broker="redis://localhost/0")
+    app.conf.update(fifo_lock_replicas=2, fifo_lock_replica_wait_ms=250)
+
+    settings = LockConfig.from_app(app, "jobs").settings
+    overridden = LockConfig.from_app(app, "jobs", replicas=0, replica_wait_ms=100).settings
+
+    assert (settings.replicas, settings.replica_wait_ms) == (2, 250)
+    assert (overridden.replicas, overridden.replica_wait_ms) == (0, 100)
+    assert lock_for(app, "jobs", replicas=1).settings == LockSettings(
+        replicas=1, replica_wait_ms=250
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,10 +149,19 @@ def test_a_bad_name_template_fails_at_decoration(template: str, message: str) ->
 
 @pytest.mark.parametrize(
     "options",
-    [{"timeout": -1}, {"lease_ms": 1.5}, {"poll_ms": 0}, {"max_hold_ms": True}],
+    [
+        {"timeout": -1},
+        {"lease_ms": 1.5},
+        {"poll_ms": 0},
+        {"max_hold_ms": True},
+        {"replicas": -1},
+        {"replicas": 1.0},
+        {"replica_wait_ms": 0},
+    ],
 )
 def test_bad_options_fail_at_decoration(options: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+    [option] = [name for name in options if name != "timeout"] or ["timeout"]
+    with pytest.raises(ValueError, match=option):
         fifo_locked("jobs", **options)
 
 
@@ -375,6 +415,7 @@ def test_a_locked_task_class_takes_its_options_from_task_attributes(fresh_app: C
         fifo_lock_policy="retry",
         fifo_lock_countdown=7,
         fifo_lock_lease_ms=9000,
+        fifo_lock_replicas=1,
     )
     def post(customer_id: int) -> None: ...
 
@@ -387,6 +428,7 @@ def test_a_locked_task_class_takes_its_options_from_task_attributes(fresh_app: C
         0.0,
         9000,
     )
+    assert (spec.replicas, spec.replica_wait_ms) == (1, None)
 
 
 def test_a_subclass_changing_only_options_relocks_the_same_body(fresh_app: Celery) -> None:
@@ -411,6 +453,7 @@ def test_a_subclass_changing_only_options_relocks_the_same_body(fresh_app: Celer
         ({"fifo_lock_name": "job-{nope}"}, ValueError, r"fresh\.job: lock name .* names nope"),
         ({"fifo_lock_name": "j", "fifo_lock_policy": "x"}, ValueError, r"fresh\.job: policy"),
         ({"fifo_lock_name": "j", "fifo_lock_poll_ms": 0}, ValueError, "fifo_lock_poll_ms must"),
+        ({"fifo_lock_name": "j", "fifo_lock_replicas": -1}, ValueError, "fifo_lock_replicas must"),
     ],
 )
 def test_a_bad_locked_task_class_fails_when_the_task_is_made_naming_it(
@@ -613,6 +656,7 @@ RAISED: list[BaseException] = [
     LeaseLost("jobs", "lost it", fence=7, token="t"),
     LockTimeout("jobs", "busy", waited=0.25, holder_fence=3),
     RedisUnavailable("jobs", "down", cause=None),
+    NotReplicated("jobs", "not acknowledged", replicas=2, acknowledged=1),
     LockUsageError("invoice-{invoice_id}", "task billing.job was called without 'x'"),
     Retry("FIFO lock 'jobs' is busy", exc=LockTimeout("jobs", "busy", waited=0.0), when=0.2),
 ]

@@ -126,6 +126,33 @@ def test_lock_server_settings_that_cannot_work_are_refused_naming_the_settings(
     assert "secret" not in str(caught.value)
 
 
+def test_replicas_on_a_redis_cluster_are_refused_naming_where_they_came_from() -> None:
+    # The core would refuse them only at the first acquire; nothing connects here.
+    app = Celery("t", broker="redis://broker.example/1")
+    app.conf.fifo_lock_redis_url = "redis://n1:7000"
+    app.conf.fifo_lock_transport_options = {"cluster": True}
+
+    @app.task(shared=False)
+    @fifo_locked("jobs", replicas=1)
+    def job() -> None: ...
+
+    assert LockConfig.from_app(app, "jobs").settings.replicas == 0
+    app.conf.fifo_lock_replicas = 2
+    with pytest.raises(ValueError) as setting:
+        LockConfig.from_app(app, "jobs")
+    assert LockConfig.from_app(app, "jobs", replicas=0).settings.replicas == 0
+    [message] = [text for text in start_warnings(app) if text.startswith(f"task {job.name}:")]
+
+    assert str(setting.value).startswith(
+        "FIFO lock 'jobs': fifo_lock_replicas is 2, but the locks are on a Redis Cluster "
+        "(Redis Cluster 'redis://n1:7000'), where a lock cannot wait for replicas"
+    )
+    assert message.startswith(
+        f"task {job.name}: every execution will fail: FIFO lock 'jobs': "
+        "@fifo_locked(replicas=...) is 1, but the locks are on a Redis Cluster"
+    )
+
+
 def test_a_sentinel_broker_without_master_name_is_reported_at_worker_start() -> None:
     app = Celery("t", broker=SENTINELS)
 

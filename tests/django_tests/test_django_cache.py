@@ -34,6 +34,7 @@ from redis_fifo_lock import (
     LockSettings,
     LockTimeout,
     LockUsageError,
+    NotReplicated,
     RedisUnavailable,
     SyncFifoLock,
 )
@@ -165,13 +166,17 @@ def test_a_key_prefix_with_braces_is_refused_naming_key_prefix(redis_url: str) -
     assert "KEY_PREFIX" in message and "'shop{eu}:3:reports'" in message
 
 
-def test_a_bad_name_or_timeout_is_refused_before_any_io(counter_cache: Any) -> None:
+def test_a_bad_name_timeout_or_lock_option_is_refused_before_any_io(counter_cache: Any) -> None:
     with pytest.raises(ValueError, match="contains"):
         counter_cache.fifo_lock("a{b}")
     with pytest.raises(ValueError, match="timeout"):
         counter_cache.fifo_lock("reports", timeout=-1)
     with pytest.raises(ValueError, match="poll_ms"):
         counter_cache.fifo_lock("reports", poll_ms=400)
+    with pytest.raises(ValueError, match="replicas must be 0 or more, got -1"):
+        counter_cache.fifo_lock("reports", replicas=-1)
+    with pytest.raises(ValueError, match=r"replica_wait_ms \(300\) must be at most a third"):
+        counter_cache.fifo_lock("reports", replicas=1, replica_wait_ms=300)
 
 
 # --- lock_name: the same lock from the core or Celery -------------------------------------
@@ -459,6 +464,31 @@ def test_fifolock_setting_is_read_each_time_a_lock_is_made(counter_cache: Any) -
     with override_settings(FIFOLOCK={}):
         assert counter_cache.fifo_lock("x").settings == LockSettings()
     assert counter_cache.fifo_lock("x", lease_ms=1000).settings == LockSettings(1000, 100)
+    with override_settings(FIFOLOCK={"REPLICAS": 2, "REPLICA_WAIT_MS": 300}):
+        replicated = LockSettings(replicas=2, replica_wait_ms=300)
+        assert counter_cache.fifo_lock("x").settings == replicated
+        assert counter_cache.fifo_lock("x", replicas=0).settings.replicas == 0
+
+
+def test_replicas_from_fifolock_reach_the_core_in_sync_code(any_backend: str) -> None:
+    # The session's server has no replica to acknowledge a grant: the setting
+    # must reach the core (NotReplicated), not be dropped on the way (a grant).
+    with override_settings(FIFOLOCK={**project.FIFOLOCK, "REPLICAS": 1}):
+        lock = caches["default"].fifo_lock("replicated", timeout=5)
+    with pytest.raises(NotReplicated) as info:
+        lock.acquire()
+    assert (info.value.replicas, info.value.acknowledged) == (1, 0)
+    assert not lock.status().held
+
+
+async def test_replicas_given_to_fifo_lock_reach_the_core_in_async_code(any_backend: str) -> None:
+    lock = caches["default"].fifo_lock("replicated", timeout=5, replicas=1, replica_wait_ms=50)
+    entered = False
+    with pytest.raises(NotReplicated):
+        async with lock:
+            entered = True
+    assert not entered
+    assert not (await lock.astatus()).held
 
 
 def test_pytest_django_s_settings_fixture_changes_the_lock_settings(
@@ -483,6 +513,14 @@ def test_pytest_django_s_settings_fixture_changes_the_lock_settings(
             "FIFOLOCK['LEASE_MS'] must be a whole number of milliseconds (int), got float: 1.5",
         ),
         ({"MAX_HOLD_MS": True}, "FIFOLOCK['MAX_HOLD_MS'] must be a whole number"),
+        ({"REPLICAS": -1}, "FIFOLOCK['REPLICAS'] must be 0 or more, got -1"),
+        ({"REPLICAS": 1.0}, "FIFOLOCK['REPLICAS'] must be a whole number (int), got float"),
+        (
+            {"LEASE_MS": 600, "POLL_MS": 100, "REPLICA_WAIT_MS": 300},
+            "FIFOLOCK['REPLICA_WAIT_MS'] (300) must be at most a third of "
+            "FIFOLOCK['LEASE_MS'] (600)",
+        ),
+        ({"REPLICA_WAIT_MS": "50"}, "FIFOLOCK['REPLICA_WAIT_MS'] must be a whole number"),
         ({"LEASE": 600}, "FIFOLOCK has unknown key(s) ['LEASE']"),
         ({"CACHE": ""}, "FIFOLOCK['CACHE'] must be the alias (str) of a cache"),
         ([("LEASE_MS", 600)], "FIFOLOCK must be a dict"),

@@ -104,6 +104,24 @@ def test_checks_report_each_misconfigured_setting(redis_url: str) -> None:
     assert message.msg.startswith("Cache 'default' cannot make FIFO locks: cache.fifo_lock(")
 
 
+def test_replicas_on_a_redis_cluster_cache_are_reported_naming_the_setting() -> None:
+    cluster = lock_caches("redis://n1.example:7000", FIFOLOCK_CLUSTER=True)
+    with override_settings(CACHES=cluster, FIFOLOCK={"REPLICAS": 1}):
+        assert fifolock_messages() == [
+            Error(
+                "FIFOLOCK['REPLICAS'] is 1, but cache 'default' keeps its FIFO locks on a "
+                "Redis Cluster (Redis Cluster redis://n1.example:7000), where a lock cannot "
+                "wait for replicas: its fifo_lock() raises ImproperlyConfigured unless given "
+                "replicas=0.",
+                hint="Set FIFOLOCK['REPLICAS'] to 0, or pass replicas=0 to every fifo_lock() "
+                "on cache 'default'.",
+                id="fifolock.E007",
+            )
+        ]
+    with override_settings(CACHES=cluster):
+        assert fifolock_messages() == []
+
+
 def test_sentinels_without_the_sentinel_connection_factory_are_reported(redis_url: str) -> None:
     sentinel = lock_caches(redis_url, SENTINELS=[("127.0.0.1", 26379)])
     with override_settings(CACHES=sentinel):

@@ -161,6 +161,25 @@ def test_a_cluster_set_up_the_cluster_client_cannot_use_is_refused(
     assert named in str(info.value)
 
 
+def test_replicas_on_a_redis_cluster_cache_are_refused_when_the_lock_is_made() -> None:
+    # The core would refuse them only at the first acquire; nothing connects here.
+    location = {"LOCATION": "redis://n1.example:7000", "OPTIONS": {"FIFOLOCK_CLUSTER": True}}
+    setting = {"default": {"BACKEND": "fifolock_django.cache.RedisCache", **location}}
+    with override_settings(CACHES=setting):
+        lock_cache = caches["default"]
+        assert lock_cache.fifo_lock("jobs").settings.replicas == 0
+        with pytest.raises(ValueError) as given:
+            lock_cache.fifo_lock("jobs", replicas=1)
+        with override_settings(FIFOLOCK={"REPLICAS": 2}):
+            with pytest.raises(ImproperlyConfigured) as configured:
+                lock_cache.fifo_lock("jobs")
+            assert lock_cache.fifo_lock("jobs", replicas=0).settings.replicas == 0
+    where = "cache.fifo_lock('jobs') is on a Redis Cluster (Redis Cluster redis://n1.example:7000)"
+    assert str(given.value).startswith(f"replicas=1 is not supported: {where}")
+    assert str(given.value).endswith("; use replicas=0")
+    assert str(configured.value).startswith(f"FIFOLOCK['REPLICAS'] is 2, but {where}")
+
+
 @pytest.mark.parametrize(
     "options",
     [{"pool_class": "redis.sentinel.SentinelConnectionPool"}, {"FIFOLOCK_CLUSTER": True}],
