@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,121 +22,33 @@ from redis.cluster import RedisCluster as SyncRedisCluster
 from redis_fifo_lock import FifoLock
 from tests.cluster.conftest import LocalCluster, needs_cluster_pubsub
 from tests.support.polling import until
-from tests.support.record import Record, violations
+from tests.support.processes import killed_holder_replaced, never_overlap, served_in_arrival_order
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def contender(cluster: LocalCluster, record: Path, *args: str) -> subprocess.Popen[str]:
-    """Start ``tests.support.contender`` on the cluster; read its stdout lines."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.contender",
-            "--cluster",
-            "--url",
-            cluster.url,
-            "--record",
-            str(record),
-            *args,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-async def first_line(proc: subprocess.Popen[str]) -> str:
-    """The contender's first stdout line, read without blocking the event loop."""
-    assert proc.stdout is not None
-    return await asyncio.to_thread(proc.stdout.readline)
+def connection(cluster: LocalCluster) -> list[str]:
+    """The contender's arguments to reach the cluster."""
+    return ["--cluster", "--url", cluster.url]
 
 
 async def test_waiting_processes_are_served_in_arrival_order(
     acluster: RedisCluster, redis_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    record = Record(tmp_path / "record")
     gate = FifoLock(acluster, "fifo", lease_ms=5000, poll_ms=500)
-    gate_lease = await gate.acquire()
-    record.enter(gate_lease, "gate")
-    arrivals = []
-    for i in range(8):
-        proc = contender(
-            redis_cluster, record.path, "--name", "fifo", "--hold-ms", "10", "--who", str(i)
-        )
-        arrivals.append(proc)
-        assert (await first_line(proc)).startswith("queued")
-    record.exit(gate_lease)
-    await gate.release(gate_lease)
-    codes = await asyncio.gather(*(asyncio.to_thread(proc.wait, 30) for proc in arrivals))
-    assert codes == [0] * len(arrivals)
-    holds = record.holds()
-    assert [hold.who for hold in holds] == ["gate", *map(str, range(len(arrivals)))]
-    assert violations(holds) == []
-
-
-async def entered(record: Path) -> bool:
-    """Whether a hold was entered in ``record`` (written by another process)."""
-    text = await asyncio.to_thread(lambda: record.read_text() if record.exists() else "")
-    return "enter" in text
+    await served_in_arrival_order(gate, connection(redis_cluster), tmp_path / "record", 8)
 
 
 async def test_processes_never_overlap_while_holds_span_many_polls(
     redis_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    # 3 processes x 2 tasks x 3 rounds; each hold lasts 3 polls of the waiters.
-    record = tmp_path / "record"
-    procs = [
-        contender(
-            redis_cluster,
-            record,
-            "--name",
-            "excl",
-            "--poll-ms",
-            "100",
-            "--hold-ms",
-            "300",
-            "--tasks",
-            "2",
-            "--rounds",
-            "3",
-            "--who",
-            f"p{i}",
-        )
-        for i in range(3)
-    ]
-    codes = await asyncio.gather(*(asyncio.to_thread(proc.wait, 60) for proc in procs))
-    assert codes == [0, 0, 0]
-    holds = Record(record).holds()
-    assert len(holds) == 18
-    assert violations(holds) == []
+    await never_overlap(connection(redis_cluster), tmp_path / "record", poll_ms=100)
 
 
 async def test_a_killed_holder_is_replaced_within_one_lease_with_a_higher_fence(
     redis_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    record = tmp_path / "record"
-    common = ["--name", "crash", "--lease-ms", "1000", "--poll-ms", "200"]
-    victim = contender(redis_cluster, record, *common, "--hold-ms", "60000", "--who", "victim")
-    assert (await first_line(victim)).strip() == "granted"
-    heir = contender(redis_cluster, record, *common, "--hold-ms", "1", "--who", "heir")
-    assert (await first_line(heir)).startswith("queued")
-    # The victim printed "granted" before entering: wait for its entry line.
-    await until(lambda: entered(record), "the victim entered")
-    killed_at = time.monotonic_ns()
-    victim.send_signal(signal.SIGKILL)
-    await asyncio.to_thread(victim.wait)
-    assert await asyncio.to_thread(heir.wait, 10) == 0
-    holds = Record(record).holds()
-    dead, new = holds
-    assert (dead.who, new.who) == ("victim", "heir")
-    assert new.fence > dead.fence
-    assert violations(holds, allow_open=True) == []
-    waited_ms = (new.entered_ns - killed_at) / 1e6
-    assert waited_ms < 1000 + 200 + 300, waited_ms  # lease + one poll + slack
+    await killed_holder_replaced(connection(redis_cluster), tmp_path / "record")
 
 
 @needs_cluster_pubsub

@@ -12,7 +12,6 @@ closing its sentinel connections with the loop. Failover is in
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 import textwrap
@@ -26,42 +25,19 @@ from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
 from redis_fifo_lock.testing import PrivateSentinelSetup
 from tests.sentinel.conftest import close_master_client, master_client, sentinel_url
 from tests.support.polling import until
-from tests.support.record import Record, violations
+from tests.support.processes import (
+    ROOT,
+    killed_holder_replaced,
+    never_overlap,
+    served_in_arrival_order,
+)
 
 pytestmark = pytest.mark.sentinel
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def contender(setup: PrivateSentinelSetup, record: Path, *args: str) -> subprocess.Popen[str]:
-    """Start ``tests.support.contender`` on the set-up's master, found through Sentinel."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.contender",
-            "--url",
-            sentinel_url(setup),
-            "--record",
-            str(record),
-            *args,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-async def first_line(proc: subprocess.Popen[str]) -> str:
-    """The contender's first stdout line, read without blocking the event loop."""
-    assert proc.stdout is not None
-    return await asyncio.to_thread(proc.stdout.readline)
-
-
-async def entered(record: Path) -> bool:
-    """Whether a hold was entered in ``record`` (written by another process)."""
-    text = await asyncio.to_thread(lambda: record.read_text() if record.exists() else "")
-    return "enter" in text
+def connection(setup: PrivateSentinelSetup) -> list[str]:
+    """The contender's arguments to reach the master through the sentinels."""
+    return ["--url", sentinel_url(setup)]
 
 
 def test_the_set_up_reports_its_master_replica_and_sentinels(
@@ -80,64 +56,20 @@ def test_the_set_up_reports_its_master_replica_and_sentinels(
 async def test_waiting_processes_are_served_in_arrival_order(
     amaster: Redis, sentinel_setup: PrivateSentinelSetup, tmp_path: Path
 ) -> None:
-    record = Record(tmp_path / "record")
     gate = FifoLock(amaster, "fifo", lease_ms=5000, poll_ms=500)
-    gate_lease = await gate.acquire()
-    record.enter(gate_lease, "gate")
-    arrivals = []
-    for i in range(5):
-        proc = contender(
-            sentinel_setup, record.path, "--name", "fifo", "--hold-ms", "10", "--who", str(i)
-        )
-        arrivals.append(proc)
-        assert (await first_line(proc)).startswith("queued")
-    record.exit(gate_lease)
-    await gate.release(gate_lease)
-    codes = await asyncio.gather(*(asyncio.to_thread(proc.wait, 30) for proc in arrivals))
-    assert codes == [0] * len(arrivals)
-    holds = record.holds()
-    assert [hold.who for hold in holds] == ["gate", *map(str, range(len(arrivals)))]
-    assert violations(holds) == []
+    await served_in_arrival_order(gate, connection(sentinel_setup), tmp_path / "record", 5)
 
 
 async def test_processes_never_overlap_while_holds_span_many_polls(
     amaster: Redis, sentinel_setup: PrivateSentinelSetup, tmp_path: Path
 ) -> None:
-    # 3 processes x 2 tasks x 3 rounds; each hold lasts 3 polls of the waiters.
-    record = tmp_path / "record"
-    options = ["--name", "excl", "--poll-ms", "50", "--hold-ms", "150", "--tasks", "2"]
-    procs = [
-        contender(sentinel_setup, record, *options, "--rounds", "3", "--who", f"p{i}")
-        for i in range(3)
-    ]
-    codes = await asyncio.gather(*(asyncio.to_thread(proc.wait, 60) for proc in procs))
-    assert codes == [0, 0, 0]
-    holds = Record(record).holds()
-    assert len(holds) == 18
-    assert violations(holds) == []
+    await never_overlap(connection(sentinel_setup), tmp_path / "record", poll_ms=50)
 
 
 async def test_a_killed_holder_is_replaced_within_one_lease_with_a_higher_fence(
     amaster: Redis, sentinel_setup: PrivateSentinelSetup, tmp_path: Path
 ) -> None:
-    record = tmp_path / "record"
-    common = ["--name", "crash", "--lease-ms", "1000", "--poll-ms", "200"]
-    victim = contender(sentinel_setup, record, *common, "--hold-ms", "60000", "--who", "victim")
-    assert (await first_line(victim)).strip() == "granted"
-    heir = contender(sentinel_setup, record, *common, "--hold-ms", "1", "--who", "heir")
-    assert (await first_line(heir)).startswith("queued")
-    await until(lambda: entered(record), "the victim entered")
-    killed_at = time.monotonic_ns()
-    victim.send_signal(signal.SIGKILL)
-    await asyncio.to_thread(victim.wait)
-    assert await asyncio.to_thread(heir.wait, 10) == 0
-    holds = Record(record).holds()
-    dead, new = holds
-    assert (dead.who, new.who) == ("victim", "heir")
-    assert new.fence > dead.fence
-    assert violations(holds, allow_open=True) == []
-    waited_ms = (new.entered_ns - killed_at) / 1e6
-    assert waited_ms < 1000 + 200 + 300, waited_ms  # lease + one poll + slack
+    await killed_holder_replaced(connection(sentinel_setup), tmp_path / "record")
 
 
 async def test_grants_and_renewals_acknowledged_by_the_replica_keep_the_lock(
