@@ -219,7 +219,8 @@ def _redis_broker(broker: object) -> bool:
 
 def server_of(app: Celery, lock_name: str) -> LockServer:
     """The lock server: ``fifo_lock_redis_url`` with ``fifo_lock_transport_options``,
-    else a Redis broker's URL with (by default) ``broker_transport_options``.
+    else a Redis broker's URL with (by default) ``broker_transport_options``;
+    ``fifo_lock_redis_url`` equal to ``broker_url`` also takes those by default.
 
     Raises:
         LockUsageError: when ``fifo_lock_redis_url`` is unset and ``broker_url``
@@ -237,6 +238,10 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
                 lock_name,
                 f"{REDIS_URL_SETTING} must be a Redis URL (str), got {url!r}",
             )
+        if options is None and url == app.conf.broker_url:
+            # The broker's server named again: its transport options go with it.
+            options = app.conf.broker_transport_options
+            source = f"{REDIS_URL_SETTING} (the broker_url), broker_transport_options"
     else:
         url = app.conf.broker_url
         if not _redis_broker(url):

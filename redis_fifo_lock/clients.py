@@ -35,7 +35,7 @@ def at_loop_close(loop: asyncio.AbstractEventLoop, cleanup: Cleanup) -> None:
     """Run ``cleanup()`` on ``loop`` just before ``loop.close()`` closes it.
 
     The first registration on a loop wraps its ``close`` method (as
-    channels_redis does); loops that refuse the wrapper (uvloop) just skip the
+    channels_redis does); loops that refuse the wrapper (a read-only ``close``) just skip the
     cleanups, and the clients are closed by garbage collection instead.
     """
     pending = _cleanups.get(loop)
@@ -96,6 +96,8 @@ class LoopClients:
             raise TypeError("LoopClients: pass either factory or a URL / connection kwargs")
         self.url = url
         self.connection_kwargs = connection_kwargs
+        self.is_cluster = False
+        """True when built by ``cluster()``: the clients are ``RedisCluster``."""
         self._factory = factory or self._plain
         self._pid = os.getpid()
         self._guard = threading.Lock()
@@ -139,6 +141,7 @@ class LoopClients:
         clients = cls(factory=build)
         clients.url = url
         clients.connection_kwargs = connection_kwargs
+        clients.is_cluster = True
         return clients
 
     @classmethod

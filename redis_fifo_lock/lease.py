@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ class Lease:
         self.released = False
         self.releasing = False  # set when release() starts: later refusals are expected
         self.lost_reason: str | None = None
-        self._lost = asyncio.Event()
+        self._lost_waiters: list[asyncio.Future[None]] = []
         self._renewal: Renewal | None = None
 
     @property
@@ -43,15 +44,29 @@ class Lease:
         return self.lost_reason is not None
 
     def mark_lost(self, reason: str) -> None:
-        """Record that the lease is lost (first reason wins). For the lock's use."""
+        """Record that the lease is lost (first reason wins). For the lock's use;
+        callable from any thread."""
         if self.lost_reason is None:
             self.lost_reason = reason
-            self._lost.set()
+            waiters, self._lost_waiters = self._lost_waiters, []
+            for waiter in waiters:
+                with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
     async def wait_lost(self) -> None:
         """Return when the lease is lost; useful to cancel work that must stop.
-        Must be awaited on the event loop that acquired the lease."""
-        await self._lost.wait()
+        Works on any event loop, whichever loop renews the lease."""
+        if self.lost:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._lost_waiters.append(waiter)
+        if self.lost:  # lost between the check and the append, on another thread
+            return
+        try:
+            await waiter
+        finally:
+            with contextlib.suppress(ValueError):
+                self._lost_waiters.remove(waiter)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
@@ -59,6 +74,11 @@ class Lease:
             f"<Lease {self.name!r} fence={self.fence} ticket={self.ticket} "
             f"token={self.token!r} {state}>"
         )
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Renewal:

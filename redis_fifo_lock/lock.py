@@ -17,12 +17,14 @@ is alive but stuck, beyond ``max_hold_ms``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis
 
@@ -77,6 +79,29 @@ def check_token(token: object) -> str:
     if any(ch.isspace() for ch in token):
         raise ValueError(f"token must not contain whitespace, got {token!r}")
     return token
+
+
+def lock_settings(name: str, client: AsyncClient | LoopClients, **settings: Any) -> LockSettings:
+    """Validate the settings of lock ``name`` on ``client``.
+
+    Raises:
+        ValueError: naming the lock and the setting, for a bad value, or for
+            ``replicas`` on Redis Cluster (``WAIT`` cannot follow the script on
+            its connection there).
+    """
+    try:
+        checked = LockSettings(**settings)
+    except ValueError as exc:
+        raise ValueError(f"FIFO lock {name!r}: {exc}") from None
+    on_cluster = isinstance(client, redis.asyncio.RedisCluster) or (
+        isinstance(client, LoopClients) and client.is_cluster
+    )
+    if checked.replicas and on_cluster:
+        raise ValueError(
+            f"FIFO lock {name!r}: replicas={checked.replicas} is not supported on Redis "
+            "Cluster (WAIT cannot follow the script on its connection there); use replicas=0"
+        )
+    return checked
 
 
 class FifoLock:
@@ -139,21 +164,15 @@ class FifoLock:
                 f"{type(redis_client).__name__}; use SyncFifoLock from sync code"
             )
         self.name = check_name(name)
-        try:
-            self.settings = LockSettings(
-                lease_ms=lease_ms,
-                poll_ms=poll_ms,
-                max_hold_ms=max_hold_ms,
-                replicas=replicas,
-                replica_wait_ms=replica_wait_ms,
-            )
-        except ValueError as exc:
-            raise ValueError(f"FIFO lock {name!r}: {exc}") from None
-        if replicas and isinstance(redis_client, redis.asyncio.RedisCluster):
-            raise ValueError(
-                f"FIFO lock {name!r}: replicas={replicas} is not supported on Redis Cluster "
-                "(WAIT cannot follow the script on its connection there); use replicas=0"
-            )
+        self.settings = lock_settings(
+            name,
+            redis_client,
+            lease_ms=lease_ms,
+            poll_ms=poll_ms,
+            max_hold_ms=max_hold_ms,
+            replicas=replicas,
+            replica_wait_ms=replica_wait_ms,
+        )
         self.clients = redis_client if isinstance(redis_client, LoopClients) else None
         self._client = None if isinstance(redis_client, LoopClients) else redis_client
         self.keys = LockKeys(self.name)
@@ -445,7 +464,11 @@ class FifoLock:
 
         Raises:
             LeaseLost: the lock was no longer held by this lease (it expired, was
-                refused renewal, or was taken after its keys vanished).
+                refused renewal, or was taken after its keys vanished); or the
+                lease was marked lost while held (``lease.lost``: e.g. renewals
+                unanswered, or not acknowledged by ``replicas``, until it could
+                have expired) - then it is released, but exclusion during the
+                hold was not assured.
             RedisUnavailable: Redis could not be reached; the lease is kept (not
                 renewed) and ``release`` can be retried.
             LockUsageError: ``lease`` belongs to another lock name.
@@ -466,7 +489,8 @@ class FifoLock:
             # release, so it can neither revive the lease nor mark it lost.
             stopped = renewal.cancel()
         elif renewal is not None and not renewal.loop.is_closed():
-            renewal.loop.call_soon_threadsafe(renewal.cancel)
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
+                renewal.loop.call_soon_threadsafe(renewal.cancel)
         # else: the loop that acquired the lease is closed (as after an
         # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
@@ -488,6 +512,15 @@ class FifoLock:
                 self.name,
                 f"lease fence {lease.fence} was no longer held at release ({reason}); "
                 "the critical section may have overlapped with the next holder",
+                fence=lease.fence,
+                token=lease.token,
+            )
+        if lease.lost:
+            raise LeaseLost(
+                self.name,
+                f"lease fence {lease.fence} was released, but it had been given up for lost "
+                f"while held ({lease.lost_reason}); the critical section may have "
+                "overlapped with another holder",
                 fence=lease.fence,
                 token=lease.token,
             )

@@ -14,10 +14,10 @@ from dataclasses import asdict
 
 from .clients import LoopClients
 from .lease import Lease, LockStatus
-from .lock import FifoLock
+from .lock import FifoLock, lock_settings
 from .portal import portal
 from .protocol import AsyncClient
-from .settings import LockSettings, check_name
+from .settings import check_name
 
 
 class SyncFifoLock:
@@ -49,15 +49,17 @@ class SyncFifoLock:
         replica_wait_ms: int | None = None,
     ) -> None:
         self.name = check_name(name)
-        self.settings = LockSettings(
+        self.clients = (
+            connection if isinstance(connection, LoopClients) else LoopClients(connection)
+        )
+        self.settings = lock_settings(
+            name,
+            self.clients,
             lease_ms=lease_ms,
             poll_ms=poll_ms,
             max_hold_ms=max_hold_ms,
             replicas=replicas,
             replica_wait_ms=replica_wait_ms,
-        )
-        self.clients = (
-            connection if isinstance(connection, LoopClients) else LoopClients(connection)
         )
         self._core: tuple[AsyncClient, FifoLock] | None = None
 

@@ -318,6 +318,10 @@ def _server_of(client: AsyncClient) -> tuple[object, ...] | None:
     # A RedisCluster has no connection_pool (one pool per node): None, and the
     # hub then checks the policy once per client instead of once per server.
     pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        # Found through Sentinel: no address in the pool; the service names it.
+        return (os.getpid(), "sentinel", service)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict):
         return None

@@ -123,3 +123,23 @@ def test_with_a_plain_client_the_lease_stops_renewing_when_its_loop_closes(
 
     with pytest.raises(LeaseLost):
         hold_across_closed_loop(redis_url, lock, 300)
+
+
+def test_wait_lost_wakes_a_waiter_on_another_loop_after_the_hand_over(redis_url: str) -> None:
+    # The lease is renewed by the portal thread once its loop closed; losing it
+    # there must wake a wait_lost() awaited on yet another loop.
+    lock = FifoLock(LoopClients(redis_url), "lost-elsewhere", lease_ms=300, poll_ms=100)
+
+    async def acquire() -> Lease:
+        return await lock.acquire()
+
+    lease = asyncio.run(acquire())
+
+    async def lose_and_wait() -> float:
+        await lock.client.delete(lock.keys.key("lease"))
+        deleted = time.monotonic()
+        await asyncio.wait_for(lease.wait_lost(), 5)
+        return time.monotonic() - deleted
+
+    assert asyncio.run(lose_and_wait()) < 1.0
+    assert lease.lost

@@ -17,7 +17,15 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from redis_fifo_lock import FifoLock, LockSettings, LockUsageError, NotReplicated, SyncFifoLock
+from redis_fifo_lock import (
+    FifoLock,
+    LeaseLost,
+    LockSettings,
+    LockUsageError,
+    LoopClients,
+    NotReplicated,
+    SyncFifoLock,
+)
 from redis_fifo_lock.protocol import PROTOCOL, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from tests.support.polling import until, until_sync
@@ -81,8 +89,16 @@ async def test_a_lock_with_replicas_on_redis_cluster_is_refused_at_construction(
     assert FifoLock(cluster, "jobs").settings.replicas == 0
 
 
-async def test_a_cluster_client_from_loop_clients_is_refused_before_any_io() -> None:
-    # LoopClients.cluster() hides the client type until the first call.
+async def test_loop_clients_for_a_cluster_are_refused_at_construction() -> None:
+    clients = LoopClients.cluster("redis://127.0.0.1:1")  # never connects
+    with pytest.raises(ValueError, match="'jobs': replicas=2 is not supported on Redis Cluster"):
+        FifoLock(clients, "jobs", replicas=2)
+    with pytest.raises(ValueError, match="'jobs': replicas=2 is not supported on Redis Cluster"):
+        SyncFifoLock(clients, "jobs", replicas=2)
+
+
+async def test_a_cluster_client_from_a_factory_is_refused_before_any_io() -> None:
+    # LoopClients(factory=...) hides the client type until the first call.
     protocol = PROTOCOL.acknowledged(1, 10)
     assert PROTOCOL.acknowledged(1, 10) is protocol and PROTOCOL.acknowledged(0, 10) is PROTOCOL
     cluster = RedisCluster(host="127.0.0.1", port=1)  # never connects
@@ -141,9 +157,23 @@ async def test_a_renewal_no_replica_acknowledged_counts_as_failed_and_the_lease_
     # Lost when the last acknowledged renewal ran out: within one lease.
     assert time.monotonic() - detached < 0.6 + 0.3
     assert "acknowledged by 0 of the 1 replica(s)" in (lease.lost_reason or "")
-    # The master itself renewed the key: only the holder knows it cannot be sure.
+    # The master itself renewed the key: only the holder knows it cannot be sure,
+    # and says so at release (which still frees the lock).
     assert await pair.client.exists(lock.keys.key("lease"))
-    await lock.release(lease)
+    with pytest.raises(LeaseLost, match="given up for lost while held"):
+        await lock.release(lease)
+    assert not (await lock.status()).held
+
+
+async def test_hold_raises_on_exit_when_the_lease_was_lost_though_the_master_kept_it(
+    pair: Pair,
+) -> None:
+    lock = FifoLock(pair.client, "hold-unacked", lease_ms=600, poll_ms=100, replicas=1)
+    with pytest.raises(LeaseLost):
+        async with lock.hold(timeout=5) as lease:
+            await asyncio.to_thread(pair.detach_replica)
+            await asyncio.wait_for(lease.wait_lost(), 5)
+            assert await pair.client.exists(lock.keys.key("lease"))
 
 
 async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_raises(

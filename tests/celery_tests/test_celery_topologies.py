@@ -82,6 +82,14 @@ def test_a_sentinel_lock_url_of_its_own_takes_no_options_from_the_broker() -> No
         LockConfig.from_app(app, "jobs")
 
 
+def test_the_broker_url_named_again_for_the_locks_keeps_the_broker_s_options() -> None:
+    app = Celery("t", broker=SENTINELS)
+    app.conf.broker_transport_options = {"master_name": "mymaster"}
+    app.conf.fifo_lock_redis_url = SENTINELS
+
+    assert LockConfig.from_app(app, "jobs").server.master_name == "mymaster"
+
+
 def test_the_cluster_transport_option_makes_each_url_a_cluster_node() -> None:
     class DjangoSettings:
         CELERY_BROKER_URL = "redis://broker.example/1"
