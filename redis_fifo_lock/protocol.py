@@ -219,7 +219,7 @@ class Protocol:
         return variant
 
     async def _call(self, client: AsyncClient, keys: LockKeys, script: str, *args: Any) -> Any:
-        with self._translated(keys, script):
+        with self._translated(client, keys, script):
             return await self.scripts[script].run(client, keys.all, list(args))
 
     async def _call_acknowledged(
@@ -234,7 +234,7 @@ class Protocol:
                 f"replicas={self.replicas} is not supported on Redis Cluster (WAIT cannot "
                 "follow the script on its connection there); use replicas=0",
             )
-        with self._translated(keys, script):
+        with self._translated(client, keys, script):
             return await self.scripts[script].run_acknowledged(
                 client, keys.all, list(args), self.replicas, self.wait_ms
             )
@@ -250,10 +250,22 @@ class Protocol:
         )
 
     @contextmanager
-    def _translated(self, keys: LockKeys, script: str) -> Iterator[None]:
+    def _translated(self, client: AsyncClient, keys: LockKeys, script: str) -> Iterator[None]:
         """Turn redis-py errors raised in the block into ``RedisUnavailable``."""
         try:
             yield
+        except AttributeError as exc:
+            if not isinstance(client, RedisCluster):
+                raise
+            # redis-py's cluster client can close a node's connections (on a
+            # topology refresh during a slot migration or failover) while a
+            # command is being sent on one of them: its writer is gone mid-send.
+            raise RedisUnavailable(
+                keys.name,
+                f"redis-py's cluster client lost a connection while sending the {script} "
+                f"script ({exc}); the lock's slot is moving or failing over: retry",
+                cause=exc,
+            ) from exc
         except (ClusterError, AskError, TryAgainError) as exc:
             # Redirections redis-py gave up on (ClusterError "TTL exhausted"), or
             # that it does not follow: the slot is moving or failing over, and the
