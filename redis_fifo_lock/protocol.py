@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
@@ -219,8 +217,12 @@ class Protocol:
         return variant
 
     async def _call(self, client: AsyncClient, keys: LockKeys, script: str, *args: Any) -> Any:
-        with self._translated(client, keys, script):
+        try:
             return await self.scripts[script].run(client, keys.all, list(args))
+        except (AttributeError, RedisError, RedisClusterException) as exc:
+            if isinstance(exc, AttributeError) and not isinstance(client, RedisCluster):
+                raise
+            raise _unavailable(keys, script, exc) from exc
 
     async def _call_acknowledged(
         self, client: AsyncClient, keys: LockKeys, script: str, *args: Any
@@ -234,10 +236,12 @@ class Protocol:
                 f"replicas={self.replicas} is not supported on Redis Cluster (WAIT cannot "
                 "follow the script on its connection there); use replicas=0",
             )
-        with self._translated(client, keys, script):
+        try:
             return await self.scripts[script].run_acknowledged(
                 client, keys.all, list(args), self.replicas, self.wait_ms
             )
+        except (RedisError, RedisClusterException) as exc:
+            raise _unavailable(keys, script, exc) from exc
 
     def _not_replicated(self, keys: LockKeys, what: str, acked: int) -> NotReplicated:
         return NotReplicated(
@@ -248,61 +252,6 @@ class Protocol:
             replicas=self.replicas,
             acknowledged=acked,
         )
-
-    @contextmanager
-    def _translated(self, client: AsyncClient, keys: LockKeys, script: str) -> Iterator[None]:
-        """Turn redis-py errors raised in the block into ``RedisUnavailable``."""
-        try:
-            yield
-        except AttributeError as exc:
-            if not isinstance(client, RedisCluster):
-                raise
-            # redis-py's cluster client can close a node's connections (on a
-            # topology refresh during a slot migration or failover) while a
-            # command is being sent on one of them: its writer is gone mid-send.
-            raise RedisUnavailable(
-                keys.name,
-                f"redis-py's cluster client lost a connection while sending the {script} "
-                f"script ({exc}); the lock's slot is moving or failing over: retry",
-                cause=exc,
-            ) from exc
-        except (ClusterError, AskError, TryAgainError) as exc:
-            # Redirections redis-py gave up on (ClusterError "TTL exhausted"), or
-            # that it does not follow: the slot is moving or failing over, and the
-            # script did not run. (AskError covers MovedError.)
-            raise RedisUnavailable(
-                keys.name,
-                f"Redis Cluster did not run the {script} script: {type(exc).__name__}: {exc}; "
-                "the lock's slot is moving between masters or failing over: retry",
-                cause=exc,
-            ) from exc
-        except ResponseError as exc:
-            if _NON_LOCAL_KEY in str(exc):
-                # A script admitted on the master a slot migrates from (all keys
-                # there) that then touches a key it deleted itself: the release or
-                # withdrawal went through, its hand-off did not and is left to
-                # the waiters' next poll. Retrying the call finds it done.
-                raise RedisUnavailable(
-                    keys.name,
-                    f"the {script} script was cut short as the lock's slot started moving "
-                    f"to another master ({exc}); it may have taken effect in part: retry",
-                    cause=exc,
-                ) from exc
-            raise RedisUnavailable(
-                keys.name,
-                f"Redis refused the {script} script: {exc}; if it names a key of this lock, "
-                "something other than the lock wrote to it",
-                cause=exc,
-            ) from exc
-        except (RedisError, RedisClusterException) as exc:
-            # RedisClusterException (e.g. SlotNotCoveredError, no node reachable)
-            # is not a RedisError, and would otherwise escape untyped.
-            raise RedisUnavailable(
-                keys.name,
-                f"Redis failed during {script}: {type(exc).__name__}: {exc}; "
-                "check that the server is reachable and the client's credentials",
-                cause=exc,
-            ) from exc
 
     async def acquire(
         self,
@@ -381,3 +330,54 @@ class Protocol:
 
 
 PROTOCOL = Protocol()
+
+
+def _unavailable(keys: LockKeys, script: str, exc: Exception) -> RedisUnavailable:
+    """The ``RedisUnavailable`` (naming the lock, saying what to do) to raise for
+    ``exc``, raised by redis-py while running ``script``."""
+    if isinstance(exc, AttributeError):
+        # Only from a RedisCluster client, which can close a node's connections
+        # (on a topology refresh during a slot migration or failover) while a
+        # command is being sent on one of them: its writer is gone mid-send.
+        return RedisUnavailable(
+            keys.name,
+            f"redis-py's cluster client lost a connection while sending the {script} "
+            f"script ({exc}); the lock's slot is moving or failing over: retry",
+            cause=exc,
+        )
+    if isinstance(exc, (ClusterError, AskError, TryAgainError)):
+        # Redirections redis-py gave up on (ClusterError "TTL exhausted"), or
+        # that it does not follow: the slot is moving or failing over, and the
+        # script did not run. (AskError covers MovedError.)
+        return RedisUnavailable(
+            keys.name,
+            f"Redis Cluster did not run the {script} script: {type(exc).__name__}: {exc}; "
+            "the lock's slot is moving between masters or failing over: retry",
+            cause=exc,
+        )
+    if isinstance(exc, ResponseError):
+        if _NON_LOCAL_KEY in str(exc):
+            # A script admitted on the master a slot migrates from (all keys
+            # there) that then touches a key it deleted itself: the release or
+            # withdrawal went through, its hand-off did not and is left to the
+            # waiters' next poll (or a retried release). Retrying finds it done.
+            return RedisUnavailable(
+                keys.name,
+                f"the {script} script was cut short as the lock's slot started moving "
+                f"to another master ({exc}); it may have taken effect in part: retry",
+                cause=exc,
+            )
+        return RedisUnavailable(
+            keys.name,
+            f"Redis refused the {script} script: {exc}; if it names a key of this lock, "
+            "something other than the lock wrote to it",
+            cause=exc,
+        )
+    # RedisClusterException (e.g. SlotNotCoveredError, no node reachable) is not
+    # a RedisError, and would otherwise escape untyped.
+    return RedisUnavailable(
+        keys.name,
+        f"Redis failed during {script}: {type(exc).__name__}: {exc}; "
+        "check that the server is reachable and the client's credentials",
+        cause=exc,
+    )
