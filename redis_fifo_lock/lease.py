@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -23,13 +25,21 @@ class Lease:
             holder whose lease expired while it was frozen.
         ticket: arrival order (int) of the request at Redis; grants of one name
             are made in ticket order.
+        expires_at: the holder's own deadline, in ``time.monotonic()`` seconds
+            (float): when the lease ends unless renewed. Counted from the moment
+            the script call that granted (or last renewed) it was *sent*, so it
+            is never later than Redis's expiry of the grant, however late the
+            reply was read. ``lost`` is True from then on.
     """
 
-    def __init__(self, name: str, token: str, fence: int, ticket: int) -> None:
+    def __init__(
+        self, name: str, token: str, fence: int, ticket: int, expires_at: float = math.inf
+    ) -> None:
         self.name = name
         self.token = token
         self.fence = fence
         self.ticket = ticket
+        self.expires_at = expires_at
         self.released = False
         self.releasing = False  # set when release() starts: later refusals are expected
         self.lost_reason: str | None = None
@@ -38,9 +48,12 @@ class Lease:
 
     @property
     def lost(self) -> bool:
-        """True once Redis refused a renewal (or could not be reached for a whole
-        lease): the lock may already belong to someone else. Readable from any
-        thread. ``lost_reason`` (str) says why."""
+        """True once Redis refused a renewal, or the lease's ``expires_at`` passed
+        before it was released (renewals unanswered, or the event loop blocked,
+        for that long): the lock may already belong to someone else. Readable
+        from any thread. ``lost_reason`` (str) says why."""
+        if self.lost_reason is None and not self.released and time.monotonic() >= self.expires_at:
+            self.mark_lost("its lease ran out before it was renewed or released")
         return self.lost_reason is not None
 
     def mark_lost(self, reason: str) -> None:
@@ -91,9 +104,7 @@ class Renewal:
 
     Args:
         loop: the event loop that renews.
-        first_at: loop time (seconds) of the first renewal.
-        expires_at: loop time (seconds) at which the lease ends unless renewed;
-            the renewal task keeps it up to date.
+        first_at: when the first renewal is due, in ``time.monotonic()`` seconds.
         start: called with this object when the first renewal is due; returns
             the renewal coroutine.
     """
@@ -102,16 +113,14 @@ class Renewal:
         self,
         loop: asyncio.AbstractEventLoop,
         first_at: float,
-        expires_at: float,
         start: Callable[[Renewal], Coroutine[Any, Any, None]],
     ) -> None:
         self.loop = loop
         self.first_at = first_at
-        self.expires_at = expires_at
         self._start = start
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
-        self._timer = loop.call_at(first_at, self._fire)
+        self._timer = loop.call_later(max(0.0, first_at - time.monotonic()), self._fire)
 
     def _fire(self) -> None:
         if not self._stopped:

@@ -21,10 +21,11 @@ import contextlib
 import logging
 import math
 import secrets
+import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -33,7 +34,6 @@ from .errors import LeaseLost, LockTimeout, LockUsageError, NotReplicated, Redis
 from .lease import Lease, LockStatus, Renewal
 from .portal import is_portal_loop, portal
 from .protocol import (
-    GAVE_BACK,
     NOT_HELD,
     PROTOCOL,
     RENEWED,
@@ -53,6 +53,25 @@ RENEW_REPLY_FLOOR_S = 0.05
 to end (at ``max_hold_ms`` Redis's answer says why)."""
 RENEW_RETRY_S = 0.5
 """Pause before a renewal that could not reach Redis is tried again, in seconds."""
+WITHDRAW_GRACE_S = 0.25
+"""Longest wait, in seconds, for a withdrawal's reply before ``acquire`` raises
+(past its timeout, or on cancellation); the hub goes on withdrawing after that."""
+
+T = TypeVar("T")
+
+
+ATTEMPT_FLOOR_S = 0.5
+"""Shortest time, in seconds, one script call of ``acquire`` is given even when
+less of its ``timeout`` is left (so that ``timeout=0`` still tries once)."""
+
+
+async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
+    """Await ``awaitable``, raising ``asyncio.TimeoutError`` at loop time ``deadline``
+    (or ``ATTEMPT_FLOOR_S`` from now, if that is later)."""
+    if deadline is None:
+        return await awaitable
+    remaining = deadline - asyncio.get_running_loop().time()
+    return await asyncio.wait_for(awaitable, max(ATTEMPT_FLOOR_S, remaining))
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -217,16 +236,21 @@ class FifoLock:
 
         Args:
             timeout: seconds to wait (float); None waits forever, 0 tries once.
+                It bounds the whole call, also when Redis stops answering.
             token: identity of this request (str without whitespace, at most
-                128 characters). Retrying with the same token keeps the place in
-                the queue, or returns the grant if it was already made. Default:
-                a fresh random token.
+                128 characters). Retrying with the same token while the request
+                is queued keeps its place, or returns the grant if it was already
+                made. Default: a fresh random token.
 
         Raises:
             LockTimeout: (a ``TimeoutError``) when ``timeout`` ran out; the
-                request was withdrawn and no grant is left behind.
-            RedisUnavailable: when Redis could not be reached. The request may
-                be queued: retry with the same ``token`` to keep its place.
+                request was withdrawn (or, if Redis does not answer, will be as
+                soon as it does) and no grant is left behind.
+            RedisUnavailable: when Redis could not be reached. The request is
+                withdrawn as soon as Redis answers again, unless it is retried
+                with the same ``token`` first.
+            LockUsageError: ``token`` is already waiting in this process, or
+                names a request that already ended (a token names one request).
             ValueError: for a bad ``timeout`` or ``token``.
 
         On cancellation the request is withdrawn (and a grant that landed
@@ -236,96 +260,131 @@ class FifoLock:
         token = secrets.token_hex(16) if token is None else check_token(token)
         loop = asyncio.get_running_loop()
         started = loop.time()
+        deadline = None if wait_s is None else started + wait_s
         hub = hub_for(self.client)
-        await hub.check_eviction_policy(self.name)
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
         try:
-            grant, ticket, holder_fence = await self._enqueue(hub, group, token)
-            if grant is None:
-                group.holder_fence = holder_fence or None
-                if wait_s == 0:
-                    await asyncio.shield(self._withdraw(hub, token))
-                    raise self._timed_out(group, started, wait_s)
-                group.wait(waiter, ticket)
-                grant = await self._wait(group, waiter, started, wait_s)
-                if self.settings.replicas:
-                    grant = await self._confirm(hub, token, grant)
+            try:
+                await _within(hub.reclaim(self.keys, token), deadline)
+                await _within(hub.check_eviction_policy(self.name), deadline)
+            except asyncio.TimeoutError:
+                raise self._timed_out(group, started, wait_s or 0.0) from None
+            return await self._acquire(hub, group, waiter, started, deadline)
         finally:
             group.leave(token)
-        return self._start_lease(hub, token, grant)
+
+    async def _acquire(
+        self, hub: Hub, group: WaitGroup, waiter: Waiter, started: float, deadline: float | None
+    ) -> Lease:
+        lease = await self._enqueue(hub, group, waiter, started, deadline, requeue=False)
+        if lease is not None:
+            return lease
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            await self._give_up(hub, group, waiter)
+            raise self._timed_out(group, started, deadline - started)
+        assert waiter.ticket is not None
+        group.wait(waiter, waiter.ticket)
+        while True:
+            try:
+                hinted = await waiter.next_hint(deadline)
+                if not hinted:
+                    await self._give_up(hub, group, waiter)
+                    raise self._timed_out(group, started, (deadline or started) - started)
+                lease = await self._claim(hub, group, waiter, started, deadline)
+            except asyncio.CancelledError:
+                # Cancelled before the grant (withdraw leaves the queue) or after it
+                # (withdraw gives the grant back and hands it on): one call for both.
+                await asyncio.shield(self._give_up(hub, group, waiter))
+                raise
+            if lease is not None:
+                return lease
 
     async def _enqueue(
-        self, hub: Hub, group: WaitGroup, token: str
-    ) -> tuple[Grant | None, int, int]:
-        call = asyncio.ensure_future(group.enqueue(token))
+        self,
+        hub: Hub,
+        group: WaitGroup,
+        waiter: Waiter,
+        started: float,
+        deadline: float | None,
+        *,
+        requeue: bool,
+    ) -> Lease | None:
+        """Run the acquire script: the lease if granted at once, else None with
+        ``waiter.ticket`` set. On any failure whose outcome at Redis is unknown
+        (no reply, cancelled, timed out) the request is withdrawn, now or as soon
+        as Redis answers."""
+        sent = time.monotonic()
         try:
-            return await asyncio.shield(call)
-        except asyncio.CancelledError:
-            # Cancelled after the script was sent: its outcome is unknown until
-            # the reply arrives. Wait for it, then withdraw, so the withdrawal
-            # reaches Redis after the enqueue it undoes.
-            await asyncio.shield(self._withdraw_after(hub, call, token))
-            raise
+            grant, ticket, holder_fence = await _within(
+                group.enqueue(waiter.token, requeue=requeue), deadline
+            )
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
-            await asyncio.shield(self._withdraw(hub, token))
+            await self._give_up(hub, group, waiter)
             raise
-
-    async def _confirm(self, hub: Hub, token: str, grant: Grant) -> Grant:
-        """Count a grant made by another script call (a release, a poll) only once
-        ``replicas`` replicas have it: renew it with ``WAIT`` in one round trip.
-
-        Raises:
-            NotReplicated: the grant vanished or was not acknowledged in time;
-                it was given back.
-            RedisUnavailable: Redis could not be reached; it was given back if
-                Redis could be reached for that.
-        """
-        try:
-            async with hub.calls:
-                outcome, pttl_ms = await self._protocol.renew(
-                    hub.client, self.keys, token, grant.fence, self.settings.lease_ms
-                )
-        except BaseException:
-            # Also on cancellation. In either order with the renewal, the
-            # withdrawal wins: a renewal cannot bring a given-back grant back.
-            await asyncio.shield(self._withdraw(hub, token))
+        except LockUsageError:
             raise
-        if outcome != RENEWED:
-            raise NotReplicated(
-                self.name,
-                f"the grant of fence {grant.fence} was gone before {self.settings.replicas} "
-                "replica(s) could confirm it (a failover lost it, or it expired unseen)",
-                replicas=self.settings.replicas,
-            )
-        return Grant(grant.fence, grant.ticket, pttl_ms)
-
-    async def _wait(
-        self, group: WaitGroup, waiter: Waiter, started: float, wait_s: float | None
-    ) -> Grant:
-        loop = asyncio.get_running_loop()
-        # The timeout is a timer that resolves the waiter's future with None, so
-        # that this task awaits the future itself: a ring wakes it in one loop
-        # iteration (asyncio.wait would take two), on the hand-off's critical path.
-        timer = None if wait_s is None else loop.call_at(started + wait_s, waiter.give_up)
-        try:
-            grant = await waiter.future
-        except asyncio.CancelledError:
-            # Cancelled before the grant (withdraw leaves the queue) or after it
-            # (withdraw gives the grant back and hands it on): one call for both.
-            await asyncio.shield(self._withdraw(group.hub, waiter.token))
+        except BaseException as exc:
+            # The script may have run: withdraw by token alone, which also keeps
+            # a copy of it still on its way from queueing it later.
+            waiter.ticket = None
+            hub.withdraw(group, waiter.token, 0)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise self._timed_out(group, started, (deadline or started) - started) from None
             raise
-        finally:
-            if timer is not None:
-                timer.cancel()
+        group.holder_fence = holder_fence or None
+        waiter.ticket = ticket
         if grant is not None:
-            return grant
-        # Shielded like every withdrawal: an outer cancellation while it waits
-        # for a call slot must not leave the request queued (it would be granted
-        # to nobody and stall the lock).
-        await asyncio.shield(self._withdraw(group.hub, waiter.token))
-        raise self._timed_out(group, started, wait_s or 0.0)
+            return self._start_lease(hub, waiter.token, grant, sent)
+        return None
+
+    async def _claim(
+        self, hub: Hub, group: WaitGroup, waiter: Waiter, started: float, deadline: float | None
+    ) -> Lease | None:
+        """A hint came: ask Redis whether the request holds the lock. Returns the
+        lease, dated by when the claim was sent, or None to keep waiting (a stale
+        or forged hint). A request that lost its place joins the queue again."""
+        assert waiter.ticket is not None
+        sent = time.monotonic()
+        try:
+            reply = await _within(group.claim(waiter.token, waiter.ticket), deadline)
+        except asyncio.TimeoutError:
+            await self._give_up(hub, group, waiter)
+            raise self._timed_out(group, started, (deadline or started) - started) from None
+        except NotReplicated:
+            await self._give_up(hub, group, waiter)
+            raise
+        except RedisUnavailable as exc:
+            log.warning(
+                "FIFO lock %r: could not claim a grant (%s); the next poll tries again",
+                self.name,
+                exc.cause,
+            )
+            return None
+        if reply.grant is not None:
+            return self._start_lease(hub, waiter.token, reply.grant, sent)
+        if reply.queued_ticket is not None:
+            waiter.ticket = reply.queued_ticket
+            return None
+        # Lost its place: its grant expired before this process claimed it, or
+        # the process was presumed dead (it could not poll for a whole lease).
+        log.warning(
+            "FIFO lock %r: request %s (ticket %s) lost its place in the queue and "
+            "joins it again at the back: its process could not claim its grant or poll "
+            "for a whole lease (event loop blocked, or Redis unreachable, for that long)",
+            self.name,
+            waiter.token,
+            waiter.ticket,
+        )
+        return await self._enqueue(hub, group, waiter, started, deadline, requeue=True)
+
+    async def _give_up(self, hub: Hub, group: WaitGroup, waiter: Waiter) -> None:
+        """Withdraw the request (its ticket, or by token if its acquire's fate is
+        unknown), waiting for Redis's answer at most ``WITHDRAW_GRACE_S``; after
+        that the hub keeps trying in the background."""
+        done = hub.withdraw(group, waiter.token, waiter.ticket or 0)
+        await asyncio.wait({done}, timeout=WITHDRAW_GRACE_S)
 
     def _timed_out(self, group: WaitGroup, started: float, wait_s: float) -> LockTimeout:
         waited = asyncio.get_running_loop().time() - started
@@ -337,36 +396,14 @@ class FifoLock:
             holder_fence=group.holder_fence,
         )
 
-    async def _withdraw_after(
-        self, hub: Hub, call: asyncio.Future[tuple[Grant | None, int, int]], token: str
-    ) -> None:
-        await asyncio.gather(call, return_exceptions=True)
-        await self._withdraw(hub, token)
-
-    async def _withdraw(self, hub: Hub, token: str) -> None:
-        try:
-            async with hub.calls:
-                outcome = await self._protocol.withdraw(hub.client, self.keys, token)
-        except RedisUnavailable as exc:
-            log.warning(
-                "FIFO lock %r: could not withdraw request %s (%s); it is skipped once "
-                "this process stops polling",
-                self.name,
-                token,
-                exc.cause,
-            )
-            return
-        if outcome == GAVE_BACK:
-            log.debug("FIFO lock %r: grant to %s landed while giving up", self.name, token)
-
-    def _start_lease(self, hub: Hub, token: str, grant: Grant) -> Lease:
-        lease = Lease(self.name, token, grant.fence, grant.ticket)
+    def _start_lease(self, hub: Hub, token: str, grant: Grant, sent: float) -> Lease:
+        """The lease for ``grant``, whose ``pttl_ms`` Redis reported in reply to a
+        call sent at ``sent`` (``time.monotonic()``): it ends no later than that."""
+        lease = Lease(self.name, token, grant.fence, grant.ticket, sent + grant.pttl_ms / 1000)
+        hub.leases[token] = lease
+        first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         loop = asyncio.get_running_loop()
-        granted_at = loop.time()
-        first_at = granted_at + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
-        lease._renewal = Renewal(
-            loop, first_at, granted_at + grant.pttl_ms / 1000, lambda r: self._renew(hub, lease, r)
-        )
+        lease._renewal = Renewal(loop, first_at, lambda r: self._renew(hub, lease, r))
         if self.clients is not None and not is_portal_loop(loop):
             _hand_over_at_close(loop, lease, self)
         return lease
@@ -379,31 +416,31 @@ class FifoLock:
         running = renewal.cancel()
         if running is not None:
             await asyncio.gather(running, return_exceptions=True)
-        portal().loop.call_soon_threadsafe(self._renew_on_portal, lease, renewal.expires_at)
+        portal().loop.call_soon_threadsafe(self._renew_on_portal, lease)
 
-    def _renew_on_portal(self, lease: Lease, expires_at: float) -> None:
+    def _renew_on_portal(self, lease: Lease) -> None:
         if lease.releasing or lease.lost:
             return
         hub = hub_for(self.client)
-        loop = asyncio.get_running_loop()
+        hub.leases[lease.token] = lease
         lease._renewal = Renewal(
-            loop, loop.time(), expires_at, lambda r: self._renew(hub, lease, r)
+            asyncio.get_running_loop(), time.monotonic(), lambda r: self._renew(hub, lease, r)
         )
 
     async def _renew(self, hub: Hub, lease: Lease, renewal: Renewal) -> None:
-        """Keep ``lease`` alive until released; mark it lost when Redis refuses.
+        """Keep ``lease`` alive until released; mark it lost when Redis refuses, or
+        when its ``expires_at`` passes with no renewal answered.
 
-        Started by the lease's ``Renewal`` timer when the first renewal is due;
-        keeps ``renewal.expires_at`` (loop time) up to date.
+        Started by the lease's ``Renewal`` timer when the first renewal is due.
         """
-        loop = asyncio.get_running_loop()
         settings = self.settings
         interval = settings.renew_every_s
         next_at = renewal.first_at
         failure = "no reply"  # why the latest renewals failed, for the loss's reason
+        capped = False  # the last renewal was cut short by the max-hold deadline
         while True:
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            late = loop.time() - next_at
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            late = time.monotonic() - next_at
             if late > settings.lease_ms / 3000:
                 log.warning(
                     "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d); the "
@@ -412,22 +449,27 @@ class FifoLock:
                     late,
                     settings.lease_ms,
                 )
-            sent = loop.time()
+            sent = time.monotonic()
+            if sent >= lease.expires_at:
+                self._lose(
+                    lease,
+                    f"max_hold_ms ({settings.max_hold_ms}) reached"
+                    if capped
+                    else f"no renewal succeeded before the lease expired ({failure})",
+                )
+                return
             try:
                 # Bounded by the lease's remaining life: a holder cut off from
                 # Redis must learn it lost the lock when the lease expires, not
                 # whenever the client's own timeouts give up.
                 outcome, pttl_ms = await asyncio.wait_for(
                     self._renew_once(hub, lease),
-                    max(RENEW_REPLY_FLOOR_S, renewal.expires_at - sent),
+                    max(RENEW_REPLY_FLOOR_S, lease.expires_at - sent),
                 )
             except (RedisUnavailable, asyncio.TimeoutError) as exc:
                 # NotReplicated has no redis-py cause: its message says why.
                 failure = str(getattr(exc, "cause", None) or getattr(exc, "message", failure))
-                if loop.time() >= renewal.expires_at:
-                    self._lose(lease, f"no renewal succeeded before the lease expired ({failure})")
-                    return
-                next_at = loop.time() + min(RENEW_RETRY_S, interval)
+                next_at = time.monotonic() + min(RENEW_RETRY_S, interval)
                 continue
             if outcome != RENEWED:
                 reason = (
@@ -437,13 +479,14 @@ class FifoLock:
                 )
                 self._lose(lease, reason)
                 return
-            renewal.expires_at = sent + pttl_ms / 1000
+            lease.expires_at = sent + pttl_ms / 1000
+            capped = pttl_ms < settings.lease_ms
             next_at = sent + min(interval, pttl_ms / 2000)
 
     async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
-        async with hub.calls:
+        async with hub.urgent:
             return await self._protocol.renew(
-                hub.client, self.keys, lease.token, lease.fence, self.settings.lease_ms
+                hub.client, self.keys, lease.token, lease.fence, self.settings
             )
 
     def _lose(self, lease: Lease, reason: str) -> None:
@@ -481,6 +524,7 @@ class FifoLock:
             )
         if lease.released:
             return
+        lost_before = lease.lost  # also when its expires_at passed: no longer acting as holder
         lease.releasing = True
         renewal, stopped = lease._renewal, None
         if renewal is not None and renewal.loop is asyncio.get_running_loop():
@@ -495,14 +539,15 @@ class FifoLock:
         # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
         try:
-            async with hub.calls:
+            async with hub.urgent:
                 outcome = await self._protocol.release(
-                    hub.client, self.keys, lease.token, lease.fence
+                    hub.client, self.keys, lease.token, lease.fence, self.settings.keep_ms
                 )
         except BaseException:
             lease.releasing = False
             raise
         lease.released = True
+        hub.leases.pop(lease.token, None)
         if stopped is not None and not stopped.done():
             await asyncio.gather(stopped, return_exceptions=True)
         if outcome == NOT_HELD:
@@ -515,7 +560,7 @@ class FifoLock:
                 fence=lease.fence,
                 token=lease.token,
             )
-        if lease.lost:
+        if lost_before or lease.lost_reason is not None:
             raise LeaseLost(
                 self.name,
                 f"lease fence {lease.fence} was released, but it had been given up for lost "

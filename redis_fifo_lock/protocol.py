@@ -33,6 +33,7 @@ from redis.exceptions import (
 )
 
 from .errors import LockUsageError, NotReplicated, RedisUnavailable
+from .settings import LockSettings
 
 AsyncClient: TypeAlias = "Redis | RedisCluster"
 """The clients the lock runs on: one server (``Redis``) or a Redis Cluster."""
@@ -60,12 +61,12 @@ class LockKeys:
 
     @cached_property
     def all(self) -> list[str]:
-        """The seven keys in the order every script expects them (see lib.lua).
+        """The six keys in the order every script expects them (see lib.lua).
 
         Built once per ``LockKeys`` (every script call passes them); treat the
         list as read-only.
         """
-        parts = ("queue", "waiters", "alive", "lease", "tickets", "fences", "released")
+        parts = ("queue", "waiters", "alive", "lease", "counters", "finished")
         return [self.key(part) for part in parts]
 
     @cached_property
@@ -149,6 +150,21 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class ClaimReply:
+    """What a waiter learns when it claims a grant it was told of.
+
+    ``grant`` is set when the request holds the lock (its lease re-armed);
+    otherwise ``queued_ticket`` is the request's ticket if it is still queued,
+    or None when it lost its place (its grant expired unclaimed, or its process
+    was presumed dead). ``max_hold_reached`` when held past its max-hold deadline.
+    """
+
+    grant: Grant | None
+    queued_ticket: int | None
+    max_hold_reached: bool = False
+
+
+@dataclass(frozen=True)
 class PollReply:
     """What a waiting process learns from one poll."""
 
@@ -168,6 +184,13 @@ class StatusReply:
 
 
 RELEASED, ALREADY_RELEASED, NOT_HELD = 1, 0, -1
+ENDED_HOW = (
+    "released",
+    "withdrawn",
+    "lost (its lease expired)",
+    "dropped (its process was presumed dead)",
+)
+"""How a request ended, by the code the acquire script refuses a finished request with."""
 WITHDRAWN, GAVE_BACK, NOTHING = 1, 2, 0
 RENEWED, RENEW_REFUSED, MAX_HOLD_REACHED = 1, 0, -2
 
@@ -195,7 +218,7 @@ class Protocol:
     wait_ms: int = 0
 
     def __init__(self, **overrides: Script) -> None:
-        names = ("acquire", "release", "renew", "withdraw", "poll", "status")
+        names = ("acquire", "claim", "release", "renew", "withdraw", "poll", "status")
         self.scripts = {name: overrides.get(name) or Script(f"{name}.lua") for name in names}
         self._variants: dict[tuple[int, int], Protocol] = {}
 
@@ -259,17 +282,31 @@ class Protocol:
         keys: LockKeys,
         token: str,
         session: str,
-        lease_ms: int,
-        max_hold_ms: int,
-        alive_ms: int,
+        settings: LockSettings,
+        *,
+        requeue: bool = False,
     ) -> tuple[Grant | None, int, int]:
         """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
+
+        ``requeue``: the request lost its place (its grant expired unclaimed, or
+        its session was presumed dead) and joins again at the back.
 
         Raises:
             NotReplicated: (with ``replicas``) granted, but not acknowledged by
                 enough replicas; the grant is still made, for the caller to give back.
+            LockUsageError: the request ``token`` already ended (released,
+                withdrawn...) within ``settings.keep_ms``: a token names one request.
         """
-        args = (keys.doorbell, token, session, lease_ms, max_hold_ms, alive_ms)
+        args = (
+            keys.doorbell,
+            token,
+            session,
+            settings.lease_ms,
+            settings.max_hold_ms,
+            settings.lease_ms,
+            settings.keep_ms,
+            int(requeue),
+        )
         acked = 0
         if self.replicas:
             reply, acked = await self._call_acknowledged(client, keys, "acquire", *args)
@@ -280,14 +317,49 @@ class Protocol:
             if acked < self.replicas:
                 raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
             return grant, grant.ticket, grant.fence
+        if reply[0] == -1:
+            raise LockUsageError(
+                keys.name,
+                f"the request with token {token!r} already ended "
+                f"({ENDED_HOW[int(reply[1])]}) less than {settings.keep_ms} ms ago; a token "
+                "names one request: acquire again with a new token",
+            )
         return None, int(reply[1]), int(reply[2])
 
-    async def release(self, client: AsyncClient, keys: LockKeys, token: str, fence: int) -> int:
+    async def claim(
+        self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings
+    ) -> ClaimReply:
+        """Check that request (token, ticket) holds the lock and re-arm its lease.
+
+        Raises:
+            NotReplicated: (with ``replicas``) held, but the re-armed lease was not
+                acknowledged by enough replicas; the caller gives the grant back.
+        """
+        args = (token, ticket, settings.lease_ms, settings.keep_ms)
+        acked = 0
+        if self.replicas:
+            reply, acked = await self._call_acknowledged(client, keys, "claim", *args)
+        else:
+            reply = await self._call(client, keys, "claim", *args)
+        if reply[0] == 1:
+            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]))
+            if acked < self.replicas:
+                raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
+            return ClaimReply(grant, None)
+        if reply[0] == -2:
+            return ClaimReply(None, None, max_hold_reached=True)
+        return ClaimReply(None, int(reply[1]) or None)
+
+    async def release(
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
+    ) -> int:
         """Release (token, fence); returns RELEASED, ALREADY_RELEASED or NOT_HELD."""
-        return int(await self._call(client, keys, "release", keys.doorbell, token, fence))
+        return int(
+            await self._call(client, keys, "release", keys.doorbell, token, fence, keep_ms)
+        )
 
     async def renew(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, lease_ms: int
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
     ) -> tuple[int, int]:
         """Renew (token, fence); returns (RENEWED|RENEW_REFUSED|MAX_HOLD_REACHED, pttl_ms).
 
@@ -295,27 +367,41 @@ class Protocol:
             NotReplicated: (with ``replicas``) renewed, but not acknowledged by
                 enough replicas: the renewal does not count.
         """
+        args = (token, fence, settings.lease_ms, settings.keep_ms)
         acked = 0
         if self.replicas:
-            reply, acked = await self._call_acknowledged(
-                client, keys, "renew", token, fence, lease_ms
-            )
+            reply, acked = await self._call_acknowledged(client, keys, "renew", *args)
         else:
-            reply = await self._call(client, keys, "renew", token, fence, lease_ms)
+            reply = await self._call(client, keys, "renew", *args)
         outcome = int(reply[0])
         if outcome == RENEWED and acked < self.replicas:
             raise self._not_replicated(keys, f"the renewal of fence {fence}", acked)
         return outcome, int(reply[1]) if len(reply) > 1 else 0
 
-    async def withdraw(self, client: AsyncClient, keys: LockKeys, token: str) -> int:
-        """Withdraw ``token``; returns WITHDRAWN, GAVE_BACK or NOTHING."""
-        return int(await self._call(client, keys, "withdraw", keys.doorbell, token))
+    async def withdraw(
+        self,
+        client: AsyncClient,
+        keys: LockKeys,
+        token: str,
+        ticket: int,
+        session: str,
+        keep_ms: int,
+    ) -> int:
+        """Withdraw request (token, ticket) of ``session`` (ticket 0: not known);
+        returns WITHDRAWN, GAVE_BACK or NOTHING."""
+        return int(
+            await self._call(
+                client, keys, "withdraw", keys.doorbell, token, ticket, session, keep_ms
+            )
+        )
 
     async def poll(
-        self, client: AsyncClient, keys: LockKeys, session: str, alive_ms: int
+        self, client: AsyncClient, keys: LockKeys, session: str, settings: LockSettings
     ) -> PollReply:
         """Refresh ``session``'s liveness, grant if free, report holder and queue head."""
-        reply = await self._call(client, keys, "poll", keys.doorbell, session, alive_ms)
+        reply = await self._call(
+            client, keys, "poll", keys.doorbell, session, settings.lease_ms, settings.keep_ms
+        )
         holder = _text(reply[0])
         grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
         head = int(reply[4]) if reply[4] is not None else None

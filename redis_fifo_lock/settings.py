@@ -12,6 +12,10 @@ MAX_MS = 31_536_000_000
 scripts do integer arithmetic on server time plus these values; far larger
 numbers would lose precision in Lua.)"""
 
+KEEP_FLOOR_MS = 10_000
+"""Shortest time, in milliseconds, an idle lock name's keys and the record of a
+finished request are kept (see ``LockSettings.keep_ms``)."""
+
 MAX_REPLICA_WAIT_MS = 1000
 """Longest default ``replica_wait_ms``, in milliseconds (see ``LockSettings``)."""
 
@@ -135,6 +139,14 @@ class LockSettings:
         if self.replica_wait_ms is not None:
             return self.replica_wait_ms
         return max(1, min(MAX_REPLICA_WAIT_MS, self.lease_ms // 10))
+
+    @property
+    def keep_ms(self) -> int:
+        """Milliseconds a lock name's keys outlive its last use (no holder, no
+        waiter, no script call), and a finished request is remembered so that a
+        late copy of one of its scripts changes nothing: twice ``lease_ms``, at
+        least ``KEEP_FLOOR_MS`` (10 s)."""
+        return max(2 * self.lease_ms, KEEP_FLOOR_MS)
 
     @property
     def renew_every_s(self) -> float:

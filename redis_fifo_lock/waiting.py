@@ -4,72 +4,118 @@ All waiters of one lock in one process (more exactly: on one client and event
 loop) form a ``WaitGroup``. The group has one session id, whose liveness Redis
 keeps in the lock's ``alive`` set; one poll per group refreshes it and asks
 Redis for the grant, so 10,000 waiters cost one script call per ``poll_ms``, and
-when the process dies all of its waiters are skipped together. Waiters learn of
-their grant from the doorbell at once, or from the next poll at the latest.
+when the process dies all of its waiters are skipped together. A ring of the
+doorbell, or the next poll at the latest, wakes a waiter; it then claims its
+grant with a script call of its own, whose reply (dated by when it was sent)
+is what starts the lease: a ring is a hint, and may be late, repeated or forged.
 
-The ``Hub`` holds the per-client state: the doorbell, the groups, a cap on
-concurrent script calls (so waiters never cost a connection each) and the
-one-time eviction-policy check.
+The ``Hub`` holds the per-client state: the doorbell, the groups, two lanes of
+script calls (so waiters never cost a connection each, and renewals never wait
+behind enqueues), the withdrawals still owed to Redis, and the eviction check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .doorbell import Doorbell
 from .errors import LockUsageError, RedisUnavailable
-from .protocol import AsyncClient, Grant, LockKeys, PollReply, Protocol
+from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
+
+if TYPE_CHECKING:
+    from .lease import Lease
 
 log = logging.getLogger("redis_fifo_lock")
 
-MAX_CONCURRENT_CALLS = 3
-"""Script calls one hub runs at once: with the doorbell, at most 4 connections."""
+MAX_CONCURRENT_CALLS = 2
+"""Enqueues, polls, withdrawals and status calls one hub runs at once."""
+
+MAX_URGENT_CALLS = 1
+"""Claims, renewals and releases one hub runs at once, in a lane of their own so
+that they never queue behind enqueues and polls (with the doorbell: at most 4
+connections per hub)."""
 
 RETRY_AFTER_ERROR_S = 0.5
-"""Pause before a poll that failed to reach Redis is tried again, in seconds."""
+"""Pause before a poll or withdrawal that failed to reach Redis is tried again, in seconds."""
+
+WITHDRAW_TRY_S = 5.0
+"""Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
+
+MAX_WITHDRAWALS = 10_000
+"""Most withdrawals one hub keeps pending (while Redis does not answer); beyond
+that the oldest is dropped with a warning, and its request is skipped once this
+process's session stops polling or its grant expires unclaimed."""
 
 EVICTING_POLICIES = ("allkeys-", "volatile-")
 
 
-@dataclass
 class Waiter:
-    """One local request waiting for its grant (``future``'s result; None when
-    its timeout ran out first)."""
+    """One local request waiting for its grant.
 
-    token: str
-    future: asyncio.Future[Grant | None]
-    ticket: int | None = None
+    Attributes:
+        token: the request's token (str).
+        ticket: its ticket (int) once the acquire script replied, else None.
+    """
 
-    def give_up(self) -> None:
-        """The timeout ran out: resolve ``future`` with None unless a grant came first."""
-        if not self.future.done():
-            self.future.set_result(None)
+    def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.token = token
+        self.ticket: int | None = None
+        self._loop = loop
+        self._hint: asyncio.Future[None] = loop.create_future()
+
+    def hint(self) -> None:
+        """A ring or a poll suggests that this request may hold the lock (or lost
+        its place): wake the waiting task, which asks Redis."""
+        if not self._hint.done():
+            self._hint.set_result(None)
+
+    async def next_hint(self, deadline: float | None) -> bool:
+        """Wait for the next hint; False if loop time ``deadline`` came first."""
+        if deadline is not None and self._loop.time() >= deadline:
+            return False
+        hint = self._hint
+        timer = None if deadline is None else self._loop.call_at(deadline, self.hint)
+        try:
+            await hint
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._hint = self._loop.create_future()
+        return deadline is None or self._loop.time() < deadline
 
 
 @dataclass
 class WaitGroup:
-    """The waiters of one lock (one name and settings) in this process."""
+    """The waiters of one lock (one name and settings) on one hub."""
 
     hub: Hub
     keys: LockKeys
     settings: LockSettings
     protocol: Protocol
-    session: str = field(default_factory=lambda: secrets.token_hex(8))
     waiters: dict[str, Waiter] = field(default_factory=dict)
     holder_fence: int | None = None
     _poller: asyncio.Task[None] | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def session(self) -> str:
+        """This group's liveness session: the hub's, one per settings. The same for
+        every group of these settings on the hub, so a name's ``alive`` set holds
+        one entry per process and loop, however often the name is used."""
+        digest = hashlib.blake2s(repr(self.settings).encode(), digest_size=4).hexdigest()
+        return f"{self.hub.session}.{digest}"
 
     def join(self, token: str) -> Waiter:
         """Register ``token`` before its acquire is sent, so no ring is missed.
@@ -85,7 +131,7 @@ class WaitGroup:
                 "token identifies one request: retry with it only after the first "
                 "acquire returned or raised",
             )
-        waiter = Waiter(token, asyncio.get_running_loop().create_future())
+        waiter = Waiter(token, asyncio.get_running_loop())
         self.waiters[token] = waiter
         return waiter
 
@@ -105,23 +151,32 @@ class WaitGroup:
                 self._wake.set()
 
     def ring(self, token: str, grant: Grant) -> None:
-        """A grant was rung on the doorbell (or seen by a poll)."""
-        waiter = self.waiters.get(token)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.set_result(grant)
+        """A grant was rung on this group's doorbell: a hint, never proof.
 
-    async def enqueue(self, token: str) -> tuple[Grant | None, int, int]:
+        A waiter of ``token`` is woken to claim it. A ring for a request nobody
+        here waits for or holds (one this process gave up, or a late copy of a
+        finished one) is given back at once, so the lock does not stall; the
+        withdraw script touches only this session's request of that ticket, so
+        a forged ring cannot make it give away anyone else's grant.
+        """
+        waiter = self.waiters.get(token)
+        if waiter is not None:
+            waiter.hint()
+        elif grant.ticket > 0 and token not in self.hub.leases:
+            self.hub.withdraw(self, token, grant.ticket)
+
+    async def enqueue(self, token: str, *, requeue: bool = False) -> tuple[Grant | None, int, int]:
         """Run the acquire script for ``token``: (grant or None, ticket, holder fence)."""
-        settings = self.settings
         async with self.hub.calls:
             return await self.protocol.acquire(
-                self.hub.client,
-                self.keys,
-                token,
-                self.session,
-                settings.lease_ms,
-                settings.max_hold_ms,
-                settings.lease_ms,
+                self.hub.client, self.keys, token, self.session, self.settings, requeue=requeue
+            )
+
+    async def claim(self, token: str, ticket: int) -> ClaimReply:
+        """Run the claim script for request (token, ticket)."""
+        async with self.hub.urgent:
+            return await self.protocol.claim(
+                self.hub.client, self.keys, token, ticket, self.settings
             )
 
     async def _poll_loop(self) -> None:
@@ -170,16 +225,17 @@ class WaitGroup:
 
     async def _poll_once(self) -> float:
         """One poll; returns seconds until the next one."""
-        alive_ms = self.settings.lease_ms
         try:
             async with self.hub.calls:
-                reply = await self.protocol.poll(self.hub.client, self.keys, self.session, alive_ms)
+                reply = await self.protocol.poll(
+                    self.hub.client, self.keys, self.session, self.settings
+                )
         except RedisUnavailable as exc:
             log.warning("FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause)
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
             return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)
-        await self._settle(reply)
+        self._settle(reply)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:
             # Poll again right after the current lease would expire, so a dead
@@ -187,34 +243,26 @@ class WaitGroup:
             return min(poll_s, reply.grant.pttl_ms / 1000 + 0.002)
         return poll_s
 
-    async def _settle(self, reply: PollReply) -> None:
+    def _settle(self, reply: PollReply) -> None:
+        """Wake the waiters the poll concerns: the holder, if it waits here, and
+        those no longer queued (their claim finds out why, and they queue again)."""
         self.holder_fence = reply.grant.fence if reply.grant else None
-        if reply.holder is not None and reply.grant is not None:
-            self.ring(reply.holder, reply.grant)
-        for waiter in list(self.waiters.values()):
-            if waiter.future.done() or waiter.ticket is None or waiter.token == reply.holder:
+        for waiter in self.waiters.values():
+            if waiter.ticket is None:
                 continue
-            if reply.head_ticket is None or waiter.ticket < reply.head_ticket:
-                await self._requeue(waiter)
+            lost_place = reply.head_ticket is None or waiter.ticket < reply.head_ticket
+            if waiter.token == reply.holder or lost_place:
+                waiter.hint()
 
-    async def _requeue(self, waiter: Waiter) -> None:
-        # Lost its place: its grant expired before this process saw it, or the
-        # process was presumed dead (it could not poll for a whole lease).
-        log.warning(
-            "FIFO lock %r: request %s (ticket %s) lost its place in the queue and "
-            "joins it again at the back: its process could not poll for a whole lease "
-            "(event loop blocked, or Redis unreachable, for that long)",
-            self.keys.name,
-            waiter.token,
-            waiter.ticket,
-        )
-        try:
-            grant, ticket, _ = await self.enqueue(waiter.token)
-        except RedisUnavailable:
-            return
-        waiter.ticket = ticket
-        if grant is not None:
-            self.ring(waiter.token, grant)
+
+@dataclass
+class _Withdrawal:
+    """A request this process gave up, to withdraw as soon as Redis answers."""
+
+    group: WaitGroup
+    token: str
+    ticket: int
+    done: asyncio.Future[None]
 
 
 class Hub:
@@ -223,14 +271,27 @@ class Hub:
     Holds its client weakly: the hub is stored in a WeakKeyDictionary keyed by
     the client, and a strong reference back would keep every client (and its
     event loop) alive forever, one per ``asyncio.run`` or ``async_to_sync``.
+
+    Attributes:
+        session: this hub's liveness session id (str), the stem of its wait
+            groups' sessions.
+        calls: the lane for enqueues, polls, withdrawals and status reads.
+        urgent: the lane for claims, renewals and releases.
+        leases: the leases granted through this hub and not yet released, by
+            token (held weakly).
     """
 
     def __init__(self, client: AsyncClient) -> None:
         self._client = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
+        self.session = secrets.token_hex(8)
         self.doorbell = Doorbell(self._client)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
+        self.leases: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        self._withdrawals: dict[tuple[LockKeys, str], _Withdrawal] = {}
+        self._withdrawer: asyncio.Task[None] | None = None
         self._policy_checked = False
 
     @property
@@ -253,6 +314,82 @@ class Hub:
         """Forget ``group`` if it is still the current one for its lock."""
         if self.groups.get((group.keys, group.settings)) is group:
             del self.groups[(group.keys, group.settings)]
+
+    def withdraw(self, group: WaitGroup, token: str, ticket: int) -> asyncio.Future[None]:
+        """Withdraw request (token, ticket) of ``group`` (ticket 0 when its acquire's
+        fate is unknown), now and again until Redis answers.
+
+        Returns a future that is done once Redis confirmed the withdrawal. The
+        withdrawal is kept (at most ``MAX_WITHDRAWALS``) and retried every
+        ``RETRY_AFTER_ERROR_S`` while Redis does not answer, so that a request
+        abandoned by an outage leaves the queue as soon as Redis is back.
+        """
+        key = (group.keys, token)
+        pending = self._withdrawals.get(key)
+        if pending is not None:
+            return pending.done
+        if len(self._withdrawals) >= MAX_WITHDRAWALS:
+            oldest = next(iter(self._withdrawals))
+            dropped = self._withdrawals.pop(oldest)
+            dropped.done.cancel()
+            log.warning(
+                "FIFO lock %r: more than %d withdrawals pending while Redis does not "
+                "answer; request %s is left to expire",
+                oldest[0].name,
+                MAX_WITHDRAWALS,
+                oldest[1],
+            )
+        done = self.loop.create_future()
+        self._withdrawals[key] = _Withdrawal(group, token, ticket, done)
+        if self._withdrawer is None or self._withdrawer.done():
+            self._withdrawer = self.loop.create_task(self._withdraw_pending())
+        return done
+
+    async def reclaim(self, keys: LockKeys, token: str) -> None:
+        """``token`` is asked for again: if its withdrawal is pending, wait for it
+        to end first, so that the new acquire reaches Redis after it."""
+        pending = self._withdrawals.get((keys, token))
+        if pending is not None:
+            await asyncio.wait({pending.done})
+
+    async def _withdraw_pending(self) -> None:
+        while self._withdrawals:
+            batch = list(self._withdrawals.items())
+            results = await asyncio.gather(*(self._withdraw_one(w) for _, w in batch))
+            for (key, withdrawal), done in zip(batch, results, strict=True):
+                if done and self._withdrawals.get(key) is withdrawal:
+                    del self._withdrawals[key]
+                    if not withdrawal.done.done():
+                        withdrawal.done.set_result(None)
+            if not all(results):
+                await asyncio.sleep(RETRY_AFTER_ERROR_S)
+
+    async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
+        group = withdrawal.group
+        try:
+            async with self.calls:
+                outcome = await asyncio.wait_for(
+                    group.protocol.withdraw(
+                        self.client,
+                        group.keys,
+                        withdrawal.token,
+                        withdrawal.ticket,
+                        group.session,
+                        group.settings.keep_ms,
+                    ),
+                    WITHDRAW_TRY_S,
+                )
+        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            log.warning(
+                "FIFO lock %r: could not withdraw request %s yet (%s); retrying",
+                group.keys.name,
+                withdrawal.token,
+                getattr(exc, "cause", None) or "no reply",
+            )
+            return False
+        if outcome == GAVE_BACK:
+            log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
+        return True
 
     async def check_eviction_policy(self, name: str) -> None:
         """Once per server and process: warn (naming lock ``name``) if the server

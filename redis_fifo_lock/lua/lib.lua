@@ -1,22 +1,69 @@
 -- lib.lua: definitions shared by every script; the loader puts this text in front
 -- of each script, so each loaded script stays self-contained.
 --
--- KEYS (the same seven for every script, all under the lock's hash tag):
+-- KEYS (the same six for every script, all under the lock's hash tag):
 --   KEYS[1] queue     sorted set: request token -> ticket (arrival order)
 --   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms>"
 --   KEYS[3] alive     sorted set: session id -> alive-until (server ms)
---   KEYS[4] lease     hash {token, fence, ticket, deadline}; exists while held,
---                     expires (PEXPIRE) when not renewed
---   KEYS[5] tickets   counter of arrivals; never expires
---   KEYS[6] fences    counter of grants; never expires
---   KEYS[7] released  sorted set: token -> fence of the last 64 releases
+--   KEYS[4] lease     hash {token, fence, ticket, session, deadline}; exists while
+--                     held, expires (PEXPIRE) when not renewed
+--   KEYS[5] counters  hash {ticket, fence}: the last ticket and fence issued;
+--                     {holder, holder_ticket}: the grant last made and not yet
+--                     ended by a script (to notice that its lease expired)
+--   KEYS[6] finished  sorted set: request token -> finished_ms * 4 + how it ended
+--                     (ENDED_*), kept keep_ms: recognises a re-sent script
+--
+-- Every script that writes ends with touch(keep_ms): all keys but the lease
+-- expire once the name has been idle (no script at all) for keep_ms, so an
+-- unused name costs nothing. Tickets and fences survive that (and FLUSHDB, and
+-- a restart that lost data) because each is max(last + 1, server clock in us).
 local K_QUEUE, K_WAITERS, K_ALIVE, K_LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_TICKETS, K_FENCES, K_RELEASED = KEYS[5], KEYS[6], KEYS[7]
+local K_COUNTERS, K_FINISHED = KEYS[5], KEYS[6]
 
--- Server time in milliseconds: the only clock any decision is based on.
-local function now_ms()
+-- How a request ended, in the low two bits of its score in K_FINISHED.
+local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED = 0, 1, 2, 3
+
+-- An integer as Redis stores it: tostring() would write 1.7e+15.
+local function int(n)
+    return string.format('%.0f', n)
+end
+
+-- Server time as {ms, us}: the only clock any decision is based on.
+local function clock()
     local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    return math.floor(us / 1000), us
+end
+
+-- The next ticket or fence: above the last one issued and at least the server
+-- clock in microseconds, so numbers keep rising after their key was lost
+-- (as long as the clock did not step back further than the time since). Below
+-- 2^53 until the year 2255.
+local function next_number(field, now_us)
+    local last = tonumber(redis.call('HGET', K_COUNTERS, field)) or 0
+    local n = math.max(last + 1, now_us)
+    redis.call('HSET', K_COUNTERS, field, int(n))
+    return n
+end
+
+-- Record that request `token` ended (ENDED_*), and forget requests that ended
+-- more than keep_ms ago.
+local function finish(token, how, now, keep_ms)
+    redis.call('ZADD', K_FINISHED, int(now * 4 + how), token)
+    redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', '(' .. int((now - keep_ms) * 4))
+end
+
+-- How request `token` ended (ENDED_*), or nil if it did not end within keep_ms.
+local function ended(token)
+    local score = tonumber(redis.call('ZSCORE', K_FINISHED, token))
+    return score and score % 4
+end
+
+-- Every key but the lease expires keep_ms after the last script that wrote.
+local function touch(keep_ms)
+    for _, key in ipairs({K_QUEUE, K_WAITERS, K_ALIVE, K_COUNTERS, K_FINISHED}) do
+        redis.call('PEXPIRE', key, keep_ms)
+    end
 end
 
 -- The current grant as {token, fence, ticket, pttl_ms}, or nil when nobody holds it.
@@ -28,24 +75,35 @@ local function current_grant()
     return {held[1], tonumber(held[2]) or 0, tonumber(held[3]) or 0, redis.call('PTTL', K_LEASE)}
 end
 
--- Remember a release so that the same release sent again is recognised.
-local function note_release(token, fence)
-    redis.call('ZADD', K_RELEASED, fence, token)
-    redis.call('ZREMRANGEBYRANK', K_RELEASED, 0, -65)
+-- The grant ended by a script (released or given back): it is not lost.
+local function end_grant(token, how, now, keep_ms)
+    redis.call('DEL', K_LEASE)
+    redis.call('HDEL', K_COUNTERS, 'holder', 'holder_ticket')
+    finish(token, how, now, keep_ms)
 end
 
 -- Hand the lock to the first live waiter when nobody holds it (the hand-off).
+-- A lease that expired since the last script is recorded as lost first.
 -- Waiters whose session stopped refreshing its liveness are dropped on the way:
 -- their process died, and one pass skips all of them. The grant's lease lasts
 -- lease_ms, or less when the waiter's liveness runs out sooner, so a grant to a
--- waiter that died a moment ago stalls the lock no longer than its liveness.
+-- waiter that died a moment ago stalls the lock no longer than its liveness; the
+-- waiter re-arms it to lease_ms when it claims the grant.
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
--- with "<token> <fence> <ticket> <pttl_ms>": only the process that waits for this
--- grant is woken, however many other processes wait. Returns the new grant as
--- {token, fence, ticket, pttl_ms}, or nil if nothing was granted.
-local function grant_next(now, doorbell)
+-- with "<token> <fence> <ticket> <pttl_ms>" - a hint to claim, never proof of a
+-- grant - unless the grant goes to `caller`, the token the running script acts
+-- for, which learns it from the reply. The ring is a pcall: a PUBLISH that the
+-- server refuses (an ACL without the channel) must not fail the script after its
+-- writes; the waiter then finds its grant by polling.
+-- Returns the new grant as {token, fence, ticket, pttl_ms}, or nil.
+local function grant_next(now, now_us, doorbell, keep_ms, caller)
     if redis.call('EXISTS', K_LEASE) == 1 then
         return nil
+    end
+    local expired = redis.call('HMGET', K_COUNTERS, 'holder', 'holder_ticket')
+    if expired[1] then
+        redis.call('HDEL', K_COUNTERS, 'holder', 'holder_ticket')
+        finish(expired[1], ENDED_LOST, now, keep_ms)
     end
     redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', now)
     while true do
@@ -64,14 +122,19 @@ local function grant_next(now, doorbell)
         local alive_until = session and tonumber(redis.call('ZSCORE', K_ALIVE, session))
         if alive_until then
             local ttl = math.min(tonumber(lease_ms), alive_until - now)
-            local fence = redis.call('INCR', K_FENCES)
-            redis.call('HSET', K_LEASE, 'token', token, 'fence', fence, 'ticket', ticket,
-                'deadline', now + tonumber(max_hold_ms))
+            local fence = next_number('fence', now_us)
+            redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket',
+                int(ticket), 'session', session, 'deadline', int(now + tonumber(max_hold_ms)))
             redis.call('PEXPIRE', K_LEASE, ttl)
-            redis.call('PUBLISH', doorbell .. ':' .. session,
-                token .. ' ' .. fence .. ' ' .. ticket .. ' ' .. ttl)
+            redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_ticket', int(ticket))
+            if token ~= caller then
+                redis.pcall('PUBLISH', doorbell .. ':' .. session,
+                    token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl))
+            end
             return {token, fence, ticket, ttl}
         end
-        -- Dead waiter (or an entry whose metadata was lost): skipped.
+        -- Dead waiter (or an entry whose metadata was lost): skipped, and
+        -- recorded, so that a late copy of its acquire cannot queue it again.
+        finish(token, ENDED_DROPPED, now, keep_ms)
     end
 end

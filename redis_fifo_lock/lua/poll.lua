@@ -2,20 +2,23 @@
 -- refreshes the process's liveness, grants the lock if it is free (the poll is
 -- the authority: it works with no doorbell at all), and reports the state.
 --
--- KEYS: the seven lock keys, see lib.lua.
+-- KEYS: the six lock keys, see lib.lua.
 -- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
 -- ARGV[2] session id of the polling process
 -- ARGV[3] alive_ms: how long the session counts as alive from now, in milliseconds
+-- ARGV[4] keep_ms: see acquire.lua
 --
 -- Returns {holder_token, fence, ticket, pttl_ms, head_ticket}:
 --   the holder's grant (holder_token false and the numbers 0 when nobody holds
 --   the lock) and the ticket of the first queued request (false when the queue
 --   is empty). A waiter whose ticket is below head_ticket and that is not the
 --   holder is no longer queued.
-local doorbell, session, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local now = now_ms()
-redis.call('ZADD', K_ALIVE, now + alive_ms, session)
-grant_next(now, doorbell)
+local doorbell, session = ARGV[1], ARGV[2]
+local alive_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now, now_us = clock()
+redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
+grant_next(now, now_us, doorbell, keep_ms, false)
+touch(keep_ms)
 local held = current_grant() or {false, 0, 0, 0}
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 held[5] = head[2] and tonumber(head[2]) or false
