@@ -61,6 +61,9 @@ async def pair(fresh_redis_server: PrivateRedisFactory) -> AsyncIterator[Pair]:
             lambda: sync.info("replication").get("master_link_status") == "up",
             "the replica is in sync",
         )
+    with SyncRedis.from_url(master.url) as sync:
+        # The master counts the replica for WAIT only once it has acknowledged.
+        until_sync(lambda: int(sync.wait(1, 100)) == 1, "the master counts its replica")
     client = Redis.from_url(master.url)
     try:
         yield Pair(master, replica, client)
@@ -104,7 +107,8 @@ async def test_a_cluster_client_from_a_factory_is_refused_before_any_io() -> Non
     assert PROTOCOL.acknowledged(1, 10) is protocol and PROTOCOL.acknowledged(0, 10) is PROTOCOL
     cluster = RedisCluster(host="127.0.0.1", port=1)  # never connects
     with pytest.raises(LockUsageError, match="replicas=1 is not supported on Redis Cluster"):
-        await protocol.renew(cluster, LockKeys("jobs"), "token", 1, LockSettings(lease_ms=1000, poll_ms=500))
+        settings = LockSettings(lease_ms=1000, poll_ms=500)
+        await protocol.renew(cluster, LockKeys("jobs"), "token", 1, settings)
 
 
 async def test_without_replicas_no_wait_is_sent(aredis: Redis) -> None:
@@ -133,7 +137,9 @@ async def test_a_grant_no_replica_acknowledged_is_given_back_and_raises(aredis: 
 async def test_acknowledged_grants_and_renewals_keep_the_lock_past_many_leases(
     pair: Pair,
 ) -> None:
-    lock = FifoLock(pair.client, "acked", lease_ms=300, poll_ms=100, replicas=1)
+    lock = FifoLock(
+        pair.client, "acked", lease_ms=300, poll_ms=100, replicas=1, replica_wait_ms=100
+    )
     lease = await lock.acquire(timeout=5)
     await asyncio.sleep(1.0)  # three leases, kept by acknowledged renewals
     assert not lease.lost
@@ -151,7 +157,9 @@ async def test_acknowledged_grants_and_renewals_keep_the_lock_past_many_leases(
 async def test_a_renewal_no_replica_acknowledged_counts_as_failed_and_the_lease_is_lost(
     pair: Pair,
 ) -> None:
-    lock = FifoLock(pair.client, "unacked", lease_ms=600, poll_ms=100, replicas=1)
+    lock = FifoLock(
+        pair.client, "unacked", lease_ms=600, poll_ms=100, replicas=1, replica_wait_ms=100
+    )
     lease = await lock.acquire(timeout=5)
     await asyncio.to_thread(pair.detach_replica)
     detached = time.monotonic()
@@ -170,7 +178,9 @@ async def test_a_renewal_no_replica_acknowledged_counts_as_failed_and_the_lease_
 async def test_hold_raises_on_exit_when_the_lease_was_lost_though_the_master_kept_it(
     pair: Pair,
 ) -> None:
-    lock = FifoLock(pair.client, "hold-unacked", lease_ms=600, poll_ms=100, replicas=1)
+    lock = FifoLock(
+        pair.client, "hold-unacked", lease_ms=600, poll_ms=100, replicas=1, replica_wait_ms=100
+    )
     with pytest.raises(LeaseLost):
         async with lock.hold(timeout=5) as lease:
             await asyncio.to_thread(pair.detach_replica)
