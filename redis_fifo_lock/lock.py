@@ -42,7 +42,7 @@ from .protocol import (
     LockKeys,
     Protocol,
 )
-from .settings import LockSettings, check_name
+from .settings import LockSettings, check_name, shown_value
 from .waiting import Hub, Waiter, WaitGroup, hub_for
 
 log = logging.getLogger("redis_fifo_lock")
@@ -74,10 +74,11 @@ def check_token(token: object) -> str:
     """Return ``token`` if it can identify a request, else raise ``ValueError``."""
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
         raise ValueError(
-            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, got {token!r}"
+            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, "
+            f"got {shown_value(token)}"
         )
     if any(ch.isspace() for ch in token):
-        raise ValueError(f"token must not contain whitespace, got {token!r}")
+        raise ValueError(f"token must not contain whitespace, got {shown_value(token)}")
     return token
 
 
