@@ -23,7 +23,7 @@ from string import Formatter
 from typing import Any
 
 from redis_fifo_lock import LockUsageError
-from redis_fifo_lock.settings import check_name
+from redis_fifo_lock.settings import check_name, shown_value
 
 
 def _root(field: str) -> str:
@@ -58,7 +58,7 @@ class _StableFormatter(Formatter):
             raise _Unstable(field_name, f"is a {type(value).__name__}, whose order is not fixed")
         for text in (str(value), repr(value)):
             if _ADDRESS.search(text):
-                raise _Unstable(field_name, f"shows as {text!r}, with a memory address")
+                raise _Unstable(field_name, f"shows as {shown_value(text)}, with a memory address")
         return value, root
 
 
@@ -136,9 +136,12 @@ class NameTemplate:
                 calling the function would); the message names the task.
             LockUsageError: a field cannot be filled from this call (a keyword
                 that ``**kwargs`` did not receive, a failing ``.attribute`` or
-                ``[index]``), or its value would format differently in another
-                process (a set, an object shown by address). The error's
-                ``name`` is the template; the message names the task.
+                ``[index]``), its value would format differently in another
+                process (a set, an object shown by address), or the name it
+                makes is refused (a brace, an invisible character, too long:
+                see ``redis_fifo_lock.settings.check_name``). The error's
+                ``name`` is the template; the message names the task and shows
+                at most a short excerpt of any value.
         """
         if not self.fields:
             return self.template
@@ -160,7 +163,7 @@ class NameTemplate:
                 )
             values[field] = extra[field]
         try:
-            return _StableFormatter().vformat(self.template, (), values)
+            name = _StableFormatter().vformat(self.template, (), values)
         except _Unstable as exc:
             raise LockUsageError(
                 self.template,
@@ -172,5 +175,14 @@ class NameTemplate:
             raise LockUsageError(
                 self.template,
                 f"{who}: cannot fill the lock name from this call's arguments: "
-                f"{type(exc).__name__}: {exc}",
+                f"{type(exc).__name__}: {shown_value(str(exc))}",
+            ) from None
+        try:
+            return check_name(name)
+        except ValueError as exc:
+            raise LockUsageError(
+                self.template,
+                f"{who}: this call's arguments make a lock name the lock refuses ({exc}); "
+                "pass values without braces or invisible characters, or name a field that "
+                "holds a plain id",
             ) from None

@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from redis_fifo_lock import LoopClients
+from redis_fifo_lock.connection import SCHEMES, check_url, masked_kwargs, masked_url
 
 Topology = Literal["server", "sentinel", "cluster"]
 """How the lock server is reached: one server, a Sentinel master, a Redis Cluster."""
@@ -41,6 +42,8 @@ NODE_PORT = 6379
 """Port of a cluster node whose URL names none."""
 SEPARATOR = ";"
 """Separates the URLs of several sentinels or cluster nodes (as in kombu)."""
+URL_SCHEMES = (*SCHEMES, "sentinel")
+"""Schemes of the lock server's URLs: the core's (one server) and ``sentinel``."""
 
 
 class ServerError(ValueError):
@@ -70,6 +73,13 @@ class LockServer:
     sentinel_kwargs: dict[str, Any] | None = None
     cluster: bool = False
 
+    def __repr__(self) -> str:
+        kwargs = None if self.sentinel_kwargs is None else masked_kwargs(self.sentinel_kwargs)
+        return (
+            f"LockServer({_shown(self.url)}, master_name={self.master_name!r}, "
+            f"sentinel_kwargs={kwargs!r}, cluster={self.cluster})"
+        )
+
     @classmethod
     def parse(cls, url: str, options: Mapping[str, Any] | None = None) -> LockServer:
         """Check ``url`` and the transport ``options`` and keep what the locks need.
@@ -80,17 +90,25 @@ class LockServer:
                 ``cluster``); other keys are ignored. None means none.
 
         Raises:
-            ServerError: a ``sentinel://`` URL without ``master_name``, a URL
-                mixing schemes, several URLs that are neither sentinels nor
-                (with ``cluster``) cluster nodes, a cluster URL with a database
-                other than 0, or an option of the wrong type.
+            ServerError: a URL that is not ``redis://``, ``rediss://``,
+                ``unix://`` or ``sentinel://`` (the core's ``TypeError`` or
+                ``ValueError`` is its ``__cause__``), a ``sentinel://`` URL
+                without ``master_name``, a URL mixing schemes, several URLs
+                that are neither sentinels nor (with ``cluster``) cluster nodes,
+                a cluster URL with a database other than 0, or an option of
+                the wrong type.
         """
         options = {} if options is None else options
         if not isinstance(options, Mapping):
-            raise ServerError(f"the transport options must be a dict, got {options!r}")
+            raise ServerError(f"the transport options must be a dict, got {type(options).__name__}")
         cluster = options.get("cluster", False)
         if not isinstance(cluster, bool):
             raise ServerError(f"transport option 'cluster' must be True or False, got {cluster!r}")
+        for chunk in url.split(SEPARATOR):
+            try:
+                check_url(chunk.strip(), "the URL", URL_SCHEMES)
+            except (TypeError, ValueError) as exc:
+                raise ServerError(str(exc)) from exc
         parts = [urlsplit(chunk.strip()) for chunk in url.split(SEPARATOR)]
         schemes = {part.scheme for part in parts}
         if "sentinel" in schemes:
@@ -125,7 +143,8 @@ class LockServer:
         sentinel_kwargs = options.get("sentinel_kwargs")
         if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
             raise ServerError(
-                f"transport option 'sentinel_kwargs' must be a dict, got {sentinel_kwargs!r}"
+                "transport option 'sentinel_kwargs' must be a dict, got "
+                f"{type(sentinel_kwargs).__name__}"
             )
         _database(parts[0])
         kwargs = None if sentinel_kwargs is None else dict(sentinel_kwargs)
@@ -176,18 +195,9 @@ class LockServer:
         return LoopClients(self.url)
 
 
-def _masked(url: str) -> str:
-    """One URL with its password (if any) replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
 def _shown(url: str) -> str:
     """``url`` (one or several) with passwords masked, quoted."""
-    return repr(SEPARATOR.join(_masked(chunk.strip()) for chunk in url.split(SEPARATOR)))
+    return repr(SEPARATOR.join(masked_url(chunk.strip()) for chunk in url.split(SEPARATOR)))
 
 
 def _database(part: SplitResult) -> int:
@@ -200,7 +210,9 @@ def _database(part: SplitResult) -> int:
     if not path:
         return 0
     if not path.isdigit():
-        raise ServerError(f"{part.geturl()!r}: the path must be a database number, got {path!r}")
+        raise ServerError(
+            f"{_shown(part.geturl())}: the path must be a database number, got {path[:40]!r}"
+        )
     return int(path)
 
 

@@ -217,6 +217,16 @@ def _redis_broker(broker: object) -> bool:
     return len(chunks) == 1 or all(chunk.strip().startswith("sentinel://") for chunk in chunks)
 
 
+def _shown_broker(broker: object) -> str:
+    """``broker_url`` for a message, passwords masked: one URL, a failover list of
+    URLs, or the type of anything else."""
+    if isinstance(broker, str):
+        return repr(maybe_sanitize_url(broker))
+    if isinstance(broker, (list, tuple)):
+        return repr([maybe_sanitize_url(url) if isinstance(url, str) else "?" for url in broker])
+    return type(broker).__name__
+
+
 def server_of(app: Celery, lock_name: str) -> LockServer:
     """The lock server: ``fifo_lock_redis_url`` with ``fifo_lock_transport_options``,
     else a Redis broker's URL with (by default) ``broker_transport_options``;
@@ -236,7 +246,7 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
         if not isinstance(url, str) or not url:
             raise LockUsageError(
                 lock_name,
-                f"{REDIS_URL_SETTING} must be a Redis URL (str), got {url!r}",
+                f"{REDIS_URL_SETTING} must be a Redis URL (str), got {type(url).__name__}",
             )
         if options is None and url == app.conf.broker_url:
             # The broker's server named again: its transport options go with it.
@@ -245,7 +255,7 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
     else:
         url = app.conf.broker_url
         if not _redis_broker(url):
-            shown = repr(maybe_sanitize_url(url)) if isinstance(url, str) else repr(url)
+            shown = _shown_broker(url)
             raise LockUsageError(
                 lock_name,
                 f"no Redis server for FIFO locks: set {REDIS_URL_SETTING} in the Celery app's "
@@ -263,4 +273,4 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
             lock_name,
             f"the FIFO lock server settings ({source}; CELERY_... under Django's CELERY "
             f"namespace) are invalid: {exc}",
-        ) from None
+        ) from exc

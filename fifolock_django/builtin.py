@@ -33,7 +33,7 @@ from typing import Any
 from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
-from .connection import LockConnection
+from .connection import LockConnection, check_location
 from .lock import FifoLockMixin
 
 SYNC_ONLY_OPTIONS = frozenset(
@@ -107,9 +107,14 @@ class RedisCache(FifoLockMixin, BuiltinRedisCache):
     Args:
         server: the cache's ``LOCATION`` (str or list of str).
         params: the rest of its ``CACHES`` entry (``OPTIONS``, ``KEY_PREFIX``...).
+
+    Raises:
+        ImproperlyConfigured: ``LOCATION`` is not a ``redis://``, ``rediss://``
+            or ``unix://`` URL (or a list of them); see ``check_location``.
     """
 
     def __init__(self, server: str | list[str], params: dict[str, Any]) -> None:
+        check_location(server)
         super().__init__(server, params)
         # Settings only (Django's own attributes for them are private and untyped).
         self.fifo_lock_location = server

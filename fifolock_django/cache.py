@@ -54,7 +54,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.cluster import RedisCluster
 
-from .connection import LockConnection, node_address, shown_url
+from .connection import LockConnection, check_location, node_address, shown_url
 from .lock import FifoLockMixin
 
 SYNC_ONLY_POOL_KWARGS = frozenset(
@@ -304,9 +304,18 @@ class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # djan
         server: the cache's ``LOCATION`` (str or list of str).
         params: the rest of its ``CACHES`` entry (``OPTIONS``, ``KEY_PREFIX``...).
 
+    Raises:
+        ImproperlyConfigured: ``LOCATION`` is not a ``redis://``, ``rediss://``
+            or ``unix://`` URL (or a list of them); see ``check_location``.
+
     ``IGNORE_EXCEPTIONS`` (and ``DJANGO_REDIS_IGNORE_EXCEPTIONS``) apply to the
     cache methods only; the lock always raises.
     """
+
+    def __init__(self, server: str | list[str], params: dict[str, Any]) -> None:
+        check_location(server)
+        # mypy sees BaseCache's __init__(params) here: django-redis is untyped.
+        super().__init__(server, params)  # type: ignore[call-arg, arg-type]
 
     def fifo_lock_connection(self) -> LockConnection:
         """Where the locks connect, from ``LOCATION`` and ``OPTIONS``.

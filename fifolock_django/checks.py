@@ -42,9 +42,9 @@ from django.utils.module_loading import import_string
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from redis_fifo_lock import LoopClients
+from redis_fifo_lock.eviction import EVICTING_POLICIES
+from redis_fifo_lock.eviction import eviction_policies as eviction_policies_of
 from redis_fifo_lock.portal import portal
-from redis_fifo_lock.waiting import EVICTING_POLICIES
-from redis_fifo_lock.waiting import eviction_policies as eviction_policies_of
 
 from .conf import SETTING, fifolock_settings
 from .lock import LOCK_BACKENDS, FifoLockMixin, suggested_backend

@@ -9,13 +9,17 @@ configuration for the whole process. Nothing here reads Django settings.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
 
 from redis_fifo_lock import LoopClients
+from redis_fifo_lock.connection import check_url, masked_kwargs, masked_url
 
 Topology = Literal["server", "sentinel", "cluster"]
 """How the lock server is reached: one server, a Sentinel master, a Redis Cluster."""
@@ -25,13 +29,32 @@ DEFAULT_PORT = 6379
 
 
 def shown_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with any password replaced by ``***``, for messages (the core's
+    ``masked_url``)."""
+    return masked_url(url)
+
+
+def check_location(location: object) -> None:
+    """Check a cache's ``LOCATION`` when its backend is built: one URL, several
+    separated by ``,`` or ``;``, or a list of URLs, each ``redis://``,
+    ``rediss://`` or ``unix://`` (the core's ``check_url``).
+
+    Raises:
+        ImproperlyConfigured: naming ``LOCATION``, whose ``__cause__`` is the
+            core's ``TypeError`` (not a str or list of str) or ``ValueError``
+            (another scheme). The message never shows a password.
+    """
+    try:
+        urls: Sequence[object] = (
+            location
+            if isinstance(location, (list, tuple))
+            else re.split("[;,]", check_url(location, "LOCATION"))
+        )
+        for url in urls:
+            if url != "":
+                check_url(url.strip() if isinstance(url, str) else url, "LOCATION")
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"a cache with fifo_lock(): {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,16 @@ class LockConnection:
     sentinels: tuple[tuple[str, int], ...] = ()
     service_name: str = ""
     sentinel_kwargs: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        sentinel_kwargs = (
+            None if self.sentinel_kwargs is None else masked_kwargs(self.sentinel_kwargs)
+        )
+        return (
+            f"LockConnection({self.topology!r}, urls={[masked_url(url) for url in self.urls]!r}, "
+            f"kwargs={masked_kwargs(self.kwargs)!r}, sentinels={self.sentinels!r}, "
+            f"service_name={self.service_name!r}, sentinel_kwargs={sentinel_kwargs!r})"
+        )
 
     @classmethod
     def server(cls, url: str, **kwargs: Any) -> LockConnection:

@@ -38,7 +38,7 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.lock import check_timeout
-from redis_fifo_lock.settings import check_name
+from redis_fifo_lock.settings import MAX_NAME_BYTES, check_name, shown_value
 
 from .conf import SETTING, fifolock_settings
 from .connection import LockConnection, shared_clients
@@ -375,25 +375,45 @@ class FifoLockMixin(BaseCache):
         )
 
 
+SHORT_NAME = "x"
+"""A name any cache must accept: ``lock_key`` tells a prefix problem from a long name by it."""
+
+
 def lock_key(cache: BaseCache, name: str, version: int | None = None) -> str:
     """The lock name the core gets for ``name`` on ``cache``: ``cache.make_key(name,
     version)`` (``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` apply), checked.
 
     Raises:
-        ValueError: ``name`` itself is not a valid lock name.
-        ImproperlyConfigured: the cache's key function turns a valid ``name``
-            into an invalid lock name (e.g. a ``KEY_PREFIX`` with ``{`` or ``}``).
+        ValueError: ``name`` itself is not a valid lock name, or is longer than
+            this cache allows: ``MAX_NAME_BYTES`` less the bytes that
+            ``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` add (the message
+            says that limit).
+        ImproperlyConfigured: the cache's key function turns a valid short
+            name into an invalid lock name (e.g. a ``KEY_PREFIX`` with ``{``).
     """
     check_name(name)
     key = str(cache.make_key(name, version=version))
     try:
         return check_name(key)
     except ValueError as exc:
+        error = exc
+    try:
+        check_name(str(cache.make_key(SHORT_NAME, version=version)))
+    except ValueError:
         raise ImproperlyConfigured(
-            f"cache.fifo_lock({name!r}): the cache's KEY_PREFIX, VERSION or KEY_FUNCTION "
-            f"make the lock name {key!r}, which the lock refuses ({exc}); change KEY_PREFIX "
+            f"cache.fifo_lock({shown_value(name)}): the cache's KEY_PREFIX, VERSION or "
+            f"KEY_FUNCTION make lock names the lock refuses ({error}); change KEY_PREFIX "
             "(or KEY_FUNCTION) in the cache's CACHES entry"
-        ) from exc
+        ) from error
+    # Only the length is wrong: say how long a name may be on this cache.
+    size = len(name.encode("utf-8"))
+    added = len(key.encode("utf-8", "replace")) - size
+    raise ValueError(
+        f"cache.fifo_lock({shown_value(name)}): the name is {size} bytes long (UTF-8), and "
+        f"on this cache it may be at most {MAX_NAME_BYTES - added} bytes: a lock name "
+        f"holds at most {MAX_NAME_BYTES} bytes, and the cache's KEY_PREFIX and VERSION "
+        f"(or KEY_FUNCTION) add {added}; use a shorter name"
+    ) from None
 
 
 def cache_lock(

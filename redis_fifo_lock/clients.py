@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
+from .connection import check_url, masked_kwargs, masked_url
 from .protocol import AsyncClient
 
 Cleanup = Callable[[], Awaitable[object]]
@@ -77,7 +78,10 @@ class LoopClients:
             ``password``, ``db``, ``ssl``, ``socket_timeout``, ``max_connections``.
 
     Raises:
-        TypeError: ``factory`` given together with ``url`` or connection kwargs.
+        TypeError: ``factory`` given together with ``url`` or connection kwargs,
+            none of the three given, ``url`` not a str or ``factory`` not callable.
+        ValueError: ``url`` is not a ``redis://``, ``rediss://`` or ``unix://``
+            URL (see ``redis_fifo_lock.connection.check_url``).
 
     ``client()`` must be called on a running loop. The cache is keyed by the
     loop (weakly) and the process id: a forked child never uses its parent's
@@ -94,7 +98,17 @@ class LoopClients:
     ) -> None:
         if factory is not None and (url is not None or connection_kwargs):
             raise TypeError("LoopClients: pass either factory or a URL / connection kwargs")
-        self.url = url
+        if factory is not None and not callable(factory):
+            raise TypeError(
+                f"LoopClients: factory must be callable, got {type(factory).__name__}; "
+                "pass a URL as the first argument"
+            )
+        if factory is None and url is None and not connection_kwargs:
+            raise TypeError(
+                "LoopClients() needs a Redis URL (e.g. 'redis://localhost:6379/0'), "
+                "connection kwargs (host=..., port=...) or a factory"
+            )
+        self.url = None if url is None else check_url(url, "url")
         self.connection_kwargs = connection_kwargs
         self.is_cluster = False
         """True when built by ``cluster()``: the clients are ``RedisCluster``."""
@@ -124,11 +138,14 @@ class LoopClients:
                 ``ssl``, ``socket_timeout``...).
 
         Raises:
-            TypeError: neither ``url`` nor ``nodes`` given.
+            TypeError: neither ``url`` nor ``nodes`` given, or ``url`` not a str.
+            ValueError: ``url`` is not a ``redis://`` or ``rediss://`` URL.
         """
         addresses = [(str(host), int(port)) for host, port in nodes]
         if url is None and not addresses:
             raise TypeError("LoopClients.cluster() needs a node URL or nodes")
+        if url is not None:
+            check_url(url, "url", ("redis", "rediss"))
 
         def build() -> AsyncClient:
             kwargs = dict(connection_kwargs)
@@ -182,7 +199,8 @@ class LoopClients:
         return clients
 
     def __repr__(self) -> str:
-        return f"<LoopClients {self.url or self.connection_kwargs!r} loops={len(self)}>"
+        where = masked_url(self.url) if self.url else masked_kwargs(self.connection_kwargs)
+        return f"<LoopClients {where!r} loops={len(self)}>"
 
     def __len__(self) -> int:
         """How many loops of this process have a live client (for tests)."""

@@ -42,7 +42,7 @@ from .protocol import (
     LockKeys,
     Protocol,
 )
-from .settings import LockSettings, check_name
+from .settings import LockSettings, check_name, shown_value
 from .waiting import Hub, Waiter, WaitGroup, hub_for
 
 log = logging.getLogger("redis_fifo_lock")
@@ -93,10 +93,11 @@ def check_token(token: object) -> str:
     """Return ``token`` if it can identify a request, else raise ``ValueError``."""
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
         raise ValueError(
-            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, got {token!r}"
+            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, "
+            f"got {shown_value(token)}"
         )
     if any(ch.isspace() for ch in token):
-        raise ValueError(f"token must not contain whitespace, got {token!r}")
+        raise ValueError(f"token must not contain whitespace, got {shown_value(token)}")
     return token
 
 
@@ -154,7 +155,8 @@ class FifoLock:
         ValueError: naming the setting, for a bad name or settings, or
             ``replicas`` with a ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
-            ``redis.RedisCluster``.
+            ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
+            client or a ``LoopClients`` (a URL string among them).
 
     Instances are cheap and hold no ownership: they can be shared by many
     tasks, and made per call.
@@ -177,12 +179,20 @@ class FifoLock:
         replicas: int = 0,
         replica_wait_ms: int | None = None,
     ) -> None:
+        self.name = check_name(name)
         if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
             raise TypeError(
                 f"FIFO lock {name!r} needs a redis.asyncio client, got a synchronous "
                 f"{type(redis_client).__name__}; use SyncFifoLock from sync code"
             )
-        self.name = check_name(name)
+        if not isinstance(redis_client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)) and (
+            not isinstance(redis_client, LoopClients)
+        ):
+            raise TypeError(
+                f"FIFO lock {name!r}: redis_client must be a redis.asyncio client or a "
+                f"LoopClients, got {type(redis_client).__name__}; for a URL pass "
+                "LoopClients(url)"
+            )
         self.settings = lock_settings(
             name,
             redis_client,

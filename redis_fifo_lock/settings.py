@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import reprlib
+import unicodedata
 from dataclasses import dataclass
 
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in bytes of UTF-8."""
+
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode categories refused in a lock name: control characters, format
+characters (invisible ones such as U+200B zero-width space, and U+202E
+right-to-left override) and the line and paragraph separators."""
+
+SHOWN_CHARS = 50
+"""Most characters of a refused value an error message shows."""
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = SHOWN_CHARS
 
 MAX_MS = 31_536_000_000
 """Largest duration accepted for any setting: 365 days, in milliseconds. (The
@@ -20,31 +33,58 @@ MAX_REPLICA_WAIT_MS = 1000
 """Longest default ``replica_wait_ms``, in milliseconds (see ``LockSettings``)."""
 
 
+def shown_value(value: object) -> str:
+    """``repr(value)`` cut to about ``SHOWN_CHARS`` characters, for error messages:
+    a long ``str`` or ``bytes`` is shown by its start and its length."""
+    if isinstance(value, (str, bytes)):
+        text = repr(value[:SHOWN_CHARS])
+        if len(text) <= SHOWN_CHARS + 3 and len(value) <= SHOWN_CHARS:
+            return text
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{text[:SHOWN_CHARS]}... ({len(value)} {unit})"
+    return _short.repr(value)
+
+
 def check_name(name: object) -> str:
     """Return ``name`` if it can name a lock, else raise ``ValueError`` saying why.
 
     A name is a non-empty ``str`` of at most ``MAX_NAME_BYTES`` UTF-8 bytes with no
     ``{`` or ``}`` (the name becomes the Redis Cluster hash tag of every lock key)
-    and no control characters.
+    and no character of the ``REFUSED_CATEGORIES`` (control, invisible format
+    and line or paragraph separator characters), which the message names by
+    code point (``U+202E``). The message shows at most ``SHOWN_CHARS``
+    characters of the name.
     """
     if not isinstance(name, str):
-        raise ValueError(f"lock name must be a str, got {type(name).__name__}: {name!r}")
+        raise ValueError(f"lock name must be a str, got {type(name).__name__}: {shown_value(name)}")
     if not name:
         raise ValueError("lock name must not be empty: pick a name that says what it guards")
     if "{" in name or "}" in name:
         raise ValueError(
-            f"lock name {name!r} contains '{{' or '}}', which would break the hash tag "
-            "that keeps all of the lock's keys in one Redis Cluster slot"
+            f"lock name {shown_value(name)} contains '{{' or '}}', which would break the "
+            "hash tag that keeps all of the lock's keys in one Redis Cluster slot"
         )
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise ValueError(f"lock name {name!r} contains control characters")
+    # A longer name is refused for its length anyway: look no further.
+    for index, char in enumerate(name[: MAX_NAME_BYTES + 1]):
+        category = unicodedata.category(char)
+        if category in REFUSED_CATEGORIES:
+            raise ValueError(
+                f"lock name {shown_value(name)} contains U+{ord(char):04X} "
+                f"({unicodedata.name(char, 'a control character')}, category {category}) at "
+                f"index {index}: control, invisible format and line or paragraph separator "
+                "characters are refused, as they hide what a name says in logs and tools; "
+                "remove it"
+            )
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ValueError(f"lock name {name!r} is not valid Unicode text: {exc.reason}") from exc
+        raise ValueError(
+            f"lock name {shown_value(name)} is not valid Unicode text: {exc.reason}"
+        ) from None
     if size > MAX_NAME_BYTES:
         raise ValueError(
-            f"lock name {name[:40]!r}... is {size} bytes long; the limit is {MAX_NAME_BYTES}"
+            f"lock name {shown_value(name)} is {size} bytes long (UTF-8); the limit is "
+            f"{MAX_NAME_BYTES}: use a shorter name"
         )
     return name
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from .clients import LoopClients
+from .connection import check_url
 from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
@@ -31,7 +32,9 @@ class SyncFifoLock:
             ``FifoLock`` (see ``LockSettings``).
 
     Raises:
-        ValueError: naming the setting, for a bad name or settings.
+        ValueError: naming the setting, for a bad name or settings, or a URL
+            that is not ``redis://``, ``rediss://`` or ``unix://``.
+        TypeError: ``connection`` is neither a str nor a ``LoopClients``.
 
     Methods mirror ``FifoLock`` without ``await``; ``timeout`` is in seconds.
     Safe to share between threads: ownership is the returned ``Lease``.
@@ -49,9 +52,15 @@ class SyncFifoLock:
         replica_wait_ms: int | None = None,
     ) -> None:
         self.name = check_name(name)
-        self.clients = (
-            connection if isinstance(connection, LoopClients) else LoopClients(connection)
-        )
+        if isinstance(connection, LoopClients):
+            self.clients = connection
+        elif isinstance(connection, str):
+            self.clients = LoopClients(check_url(connection, "connection"))
+        else:
+            raise TypeError(
+                f"FIFO lock {name!r}: connection must be a Redis URL (str) or a LoopClients, "
+                f"got {type(connection).__name__}"
+            )
         self.settings = lock_settings(
             name,
             self.clients,

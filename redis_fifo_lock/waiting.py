@@ -11,7 +11,8 @@ is what starts the lease: a ring is a hint, and may be late, repeated or forged.
 
 The ``Hub`` holds the per-client state: the doorbell, the groups, two lanes of
 script calls (so waiters never cost a connection each, and renewals never wait
-behind enqueues), the withdrawals still owed to Redis, and the eviction check.
+behind enqueues), the withdrawals still owed to Redis, and the eviction-policy
+check (``redis_fifo_lock.eviction``).
 """
 
 from __future__ import annotations
@@ -20,17 +21,16 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import secrets
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError
 
 from .doorbell import Doorbell
 from .errors import LockUsageError, RedisUnavailable
+from .eviction import check_eviction_policy
 from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
@@ -57,8 +57,6 @@ MAX_WITHDRAWALS = 10_000
 """Most withdrawals one hub keeps pending (while Redis does not answer); beyond
 that the oldest is dropped with a warning, and its request is skipped once this
 process's session stops polling or its grant expires unclaimed."""
-
-EVICTING_POLICIES = ("allkeys-", "volatile-")
 
 
 class Waiter:
@@ -292,7 +290,6 @@ class Hub:
         self.leases: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
         self._withdrawals: dict[tuple[LockKeys, str], _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
-        self._policy_checked = False
 
     @property
     def client(self) -> AsyncClient:
@@ -392,78 +389,12 @@ class Hub:
         return True
 
     async def check_eviction_policy(self, name: str) -> None:
-        """Once per server and process: warn (naming lock ``name``) if the server
-        may evict keys. (Per server, not per client: ``async_to_sync`` makes a
-        client per call, and each would pay a round trip.)"""
-        server = _server_of(self.client)
-        if self._policy_checked or server in _checked_servers:
-            return
-        self._policy_checked = True
-        if server is not None:
-            _checked_servers.add(server)
-        try:
-            async with self.calls:
-                policies = await eviction_policies(self.client)
-        except ResponseError:
-            log.debug("CONFIG GET is disabled on this server; eviction policy not checked")
-            return
-        except (RedisError, RedisClusterException):
-            self._policy_checked = False
-            _checked_servers.discard(server)
-            return
-        for policy in policies:
-            if not policy.startswith(EVICTING_POLICIES):
-                continue
-            log.warning(
-                "FIFO lock %r: the Redis server's maxmemory-policy is %r, which can evict "
-                "the lease key and silently free a held lock (the holder then finds its "
-                "lease lost at the next renewal). Set maxmemory-policy to 'noeviction', "
-                "or give the locks a Redis of their own.",
-                name,
-                policy,
-            )
+        """Warn (naming lock ``name``) if the server may evict keys: see
+        ``redis_fifo_lock.eviction.check_eviction_policy``."""
+        await check_eviction_policy(self.client, name, self.calls)
 
 
 _hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
-
-_checked_servers: set[tuple[object, ...]] = set()
-"""Servers whose eviction policy this process has checked, by address."""
-
-
-async def eviction_policies(client: AsyncClient) -> set[str]:
-    """The distinct ``maxmemory-policy`` values (str) of the server(s) behind
-    ``client``: its one server, or every primary of a Redis Cluster.
-
-    Raises:
-        redis.exceptions.ResponseError: a server refuses ``CONFIG GET``.
-        redis.exceptions.RedisError: a server cannot be reached.
-    """
-    replies: list[dict[Any, Any]]
-    if isinstance(client, RedisCluster):
-        # Redis Cluster: redis-py sends CONFIG GET to one (the default) node
-        # only; ask every master instead, which replies {node: {name: value}}
-        # (typed by redis-py as a single node's reply).
-        per_node = await client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
-        replies = list(cast("dict[str, dict[Any, Any]]", per_node).values())
-    else:
-        replies = [await client.config_get("maxmemory-policy")]
-    values = (value for reply in replies for value in reply.values())
-    return {value.decode() if isinstance(value, bytes) else str(value) for value in values}
-
-
-def _server_of(client: AsyncClient) -> tuple[object, ...] | None:
-    # A RedisCluster has no connection_pool (one pool per node): None, and the
-    # hub then checks the policy once per client instead of once per server.
-    pool = getattr(client, "connection_pool", None)
-    service = getattr(pool, "service_name", None)
-    if service is not None:
-        # Found through Sentinel: no address in the pool; the service names it.
-        return (os.getpid(), "sentinel", service)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if not isinstance(kwargs, dict):
-        return None
-    address = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
-    return (os.getpid(), *address)
 
 
 def hub_for(client: AsyncClient) -> Hub:

@@ -1,0 +1,103 @@
+"""Connection arguments: checked once when a lock or its clients are built, and
+shown without their secrets.
+
+``check_url`` is the one place that decides which URLs a lock can connect to;
+``LoopClients``, ``SyncFifoLock`` and the Celery and Django integrations call
+it, so a wrong type or scheme fails at construction, naming the setting, rather
+than at the first acquire. ``masked_url`` and ``masked_kwargs`` are what every
+``repr`` and message uses to show a connection: passwords become ``***``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+SCHEMES = ("redis", "rediss", "unix")
+"""URL schemes a lock connects with (as redis-py's ``from_url``): plain, TLS, Unix socket."""
+
+MASK = "***"
+"""What a secret is shown as."""
+
+SECRET_WORDS = ("password", "passwd", "secret", "token", "credential")
+"""A connection option (or URL query parameter) whose name contains one of these
+is a secret: its value is never shown."""
+
+SHOWN_URL_CHARS = 200
+"""Longest URL text put in a message, in characters (the rest is cut)."""
+
+
+def is_secret(option: str) -> bool:
+    """Whether the connection option (or query parameter) ``option`` holds a secret."""
+    lowered = option.lower()
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password and any secret query parameter shown as ``***``.
+
+    A URL that cannot be parsed is shown as its scheme only. The result is
+    cut at ``SHOWN_URL_CHARS`` characters.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return f"{url.split(':', 1)[0][:20]}://(unparsable URL)"
+    netloc = parts.netloc
+    if password is not None:
+        user = parts.username or ""
+        netloc = f"{user}:{MASK}@{netloc.rsplit('@', 1)[1]}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(key, MASK if is_secret(key) else value) for key, value in pairs])
+    shown = urlunsplit(parts._replace(netloc=netloc, query=query))
+    if len(shown) > SHOWN_URL_CHARS:
+        return shown[:SHOWN_URL_CHARS] + "..."
+    return shown
+
+
+def masked_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of connection ``kwargs`` to show: secrets (``password``,
+    ``ssl_password``, ``credential_provider``...) replaced by ``***``, nested
+    option dicts (``sentinel_kwargs``) masked the same way, URLs masked."""
+    shown: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if is_secret(str(key)) and value is not None:
+            shown[key] = MASK
+        elif isinstance(value, Mapping):
+            shown[key] = masked_kwargs(value)
+        elif isinstance(value, str) and "://" in value:
+            shown[key] = masked_url(value)
+        else:
+            shown[key] = value
+    return shown
+
+
+def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) -> str:
+    """Return ``url`` if a lock can connect with it, else raise naming ``argument``.
+
+    Args:
+        url: the value to check.
+        argument: how the caller spells the setting or argument (str), e.g.
+            ``"url"``, ``"LOCATION"``, ``"fifo_lock_redis_url"``.
+        schemes: the accepted URL schemes, lower case; default ``SCHEMES``.
+
+    Raises:
+        TypeError: ``url`` is not a ``str``.
+        ValueError: its scheme is not one of ``schemes`` (the message shows the
+            URL with its password masked).
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"{argument} must be a str (a Redis URL), got {type(url).__name__}")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in schemes:
+        *others, last = [f"{name}://" for name in schemes]
+        accepted = f"{', '.join(others)} or {last}" if others else last
+        raise ValueError(
+            f"{argument} {masked_url(url)!r} is not a URL the lock can connect with: it must "
+            f"start with {accepted} (for example redis://localhost:6379/0)"
+        )
+    return url

@@ -1,0 +1,51 @@
+"""Connection arguments are checked when the lock or its clients are built."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
+
+
+def test_a_url_given_to_fifo_lock_is_a_type_error_pointing_at_loop_clients(
+    redis_url: str,
+) -> None:
+    with pytest.raises(TypeError, match=r"redis_client.*got str.*LoopClients\("):
+        FifoLock(redis_url, "jobs")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("connection", [123, None, b"redis://localhost", ["redis://h"]])
+def test_sync_fifo_lock_refuses_a_connection_of_the_wrong_type(connection: object) -> None:
+    with pytest.raises(TypeError, match=rf"connection must be .* got {type(connection).__name__}"):
+        SyncFifoLock(connection, "jobs")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://localhost:6379/0", "localhost:6379", "redis+socket:///tmp/r.sock", ""]
+)
+def test_an_unsupported_url_is_refused_when_the_lock_is_built(url: str) -> None:
+    with pytest.raises(ValueError, match=r"connection .*redis://, rediss:// or unix://"):
+        SyncFifoLock(url, "jobs")
+    with pytest.raises(ValueError, match="url"):
+        LoopClients(url)
+
+
+def test_loop_clients_refuse_wrong_types_and_schemes() -> None:
+    with pytest.raises(TypeError, match="url must be a str"):
+        LoopClients(6379)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="url"):
+        LoopClients.cluster("http://node:7000")
+    with pytest.raises(TypeError, match="factory must be callable"):
+        LoopClients(factory="redis://h")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"LoopClients\(\) needs"):
+        LoopClients()
+
+
+async def test_supported_urls_still_make_working_locks(redis_url: str, aredis: Redis) -> None:
+    for url in (redis_url, redis_url.replace("redis://", "REDIS://")):
+        lock = FifoLock(LoopClients(url), "schemes")
+        async with lock.hold(timeout=5) as lease:
+            assert lease.fence > 0
+    LoopClients("rediss://tls.example:6380/0")
+    LoopClients("unix:///run/redis.sock?db=2")
