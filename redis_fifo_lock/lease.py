@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+
+from .errors import LockUsageError
 
 
 class Lease:
@@ -23,13 +26,20 @@ class Lease:
             holder whose lease expired while it was frozen.
         ticket: arrival order (int) of the request at Redis; grants of one name
             are made in ticket order.
+        pid: id (int) of the process that acquired the lease. Only that process
+            can release it: a child forked while the lease was held inherits
+            this object but not the hold, and releasing it there raises
+            ``LockUsageError`` without touching Redis.
     """
 
-    def __init__(self, name: str, token: str, fence: int, ticket: int) -> None:
+    def __init__(
+        self, name: str, token: str, fence: int, ticket: int, *, pid: int | None = None
+    ) -> None:
         self.name = name
         self.token = token
         self.fence = fence
         self.ticket = ticket
+        self.pid = os.getpid() if pid is None else pid
         self.released = False
         self.releasing = False  # set when release() starts: later refusals are expected
         self.lost_reason: str | None = None
@@ -67,6 +77,21 @@ class Lease:
         finally:
             with contextlib.suppress(ValueError):
                 self._lost_waiters.remove(waiter)
+
+    def check_owner(self) -> None:
+        """Raise unless called in the process that acquired the lease.
+
+        Raises:
+            LockUsageError: naming the lock, in any other process (a child
+                forked while the lease was held): the hold is the parent's.
+        """
+        if self.pid != os.getpid():
+            raise LockUsageError(
+                self.name,
+                f"lease fence {self.fence} was acquired by process {self.pid}, and this is "
+                f"process {os.getpid()} (forked while it was held); only the acquiring "
+                "process can release it - nothing was changed in Redis",
+            )
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"

@@ -471,7 +471,9 @@ class FifoLock:
                 hold was not assured.
             RedisUnavailable: Redis could not be reached; the lease is kept (not
                 renewed) and ``release`` can be retried.
-            LockUsageError: ``lease`` belongs to another lock name.
+            LockUsageError: ``lease`` belongs to another lock name, or to another
+                process (this one was forked while it was held); nothing is
+                changed in Redis then.
         """
         if not isinstance(lease, Lease) or lease.name != self.name:
             raise LockUsageError(
@@ -479,6 +481,7 @@ class FifoLock:
                 f"release() got {lease!r}, which is not a lease of this lock; release a "
                 "lease with the lock (same name) that granted it",
             )
+        lease.check_owner()
         if lease.released:
             return
         lease.releasing = True

@@ -86,7 +86,15 @@ class SyncFifoLock:
         return portal().call(self.name, run, undo=give_back)
 
     def release(self, lease: Lease) -> None:
-        """Release ``lease``; see ``FifoLock.release`` (same errors)."""
+        """Release ``lease``; see ``FifoLock.release`` (same errors).
+
+        Raises:
+            LockUsageError: also when ``lease`` was acquired by another process
+                (this one was forked while it was held), before any portal
+                thread or connection is started for it.
+        """
+        if isinstance(lease, Lease):
+            lease.check_owner()
 
         async def run() -> None:
             await self._lock().release(lease)

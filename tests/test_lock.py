@@ -23,6 +23,7 @@ from redis_fifo_lock import (
     RedisUnavailable,
     SyncFifoLock,
 )
+from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.polling import until, until_sync
 from tests.support.record import Record, violations
 
@@ -543,3 +544,33 @@ def test_event_loops_and_their_clients_are_not_kept_alive(redis_url: str) -> Non
         asyncio.run(use())
     gc.collect()
     assert [ref for ref in used if ref() is not None] == []
+
+
+# --- a forked child, and a release that fails as the body raises -------------------------
+
+
+@needs_fork
+async def test_a_forked_child_leaving_the_hold_cannot_release_the_parents_lease(
+    aredis: Redis, redis_url: str
+) -> None:
+    from redis_fifo_lock import LoopClients
+
+    # A LoopClients, so that the child gets a client of its own and could
+    # really reach Redis: nothing but the lease's owner check stops it.
+    lock = FifoLock(LoopClients(redis_url), "forked-hold", lease_ms=6000, poll_ms=1000)
+    hold = lock.hold()
+    lease = await hold.__aenter__()
+
+    def leave_the_hold() -> None:
+        try:
+            asyncio.run(hold.__aexit__(None, None, None))
+        except LockUsageError as exc:
+            assert "forked-hold" in str(exc)
+            raise
+
+    assert in_child(leave_the_hold, LockUsageError) == RAISED
+    status = await lock.status()
+    assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
+    assert not lease.released
+    await hold.__aexit__(None, None, None)  # the parent's own release still works
+    assert not (await lock.status()).held

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextvars
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
 from redis_fifo_lock.portal import portal
+from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.record import Record, violations
 
 
@@ -128,3 +134,25 @@ def test_an_interrupted_sync_acquire_never_leaves_the_lock_held(redis_url: str) 
         signal.signal(signal.SIGALRM, previous)
     status = lock.status()
     assert (status.held, status.waiting) == (False, 0), status
+
+
+@needs_fork
+def test_a_forked_child_leaving_the_sync_hold_cannot_release_the_parents_lease(
+    redis_url: str,
+) -> None:
+    lock = SyncFifoLock(redis_url, "forked-sync-hold", lease_ms=6000, poll_ms=1000)
+    hold = lock.hold()
+    lease = hold.__enter__()
+
+    def leave_the_hold() -> None:
+        try:
+            hold.__exit__(None, None, None)
+        except LockUsageError as exc:
+            assert "forked-sync-hold" in str(exc)
+            raise
+
+    assert in_child(leave_the_hold, LockUsageError) == RAISED
+    status = lock.status()
+    assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
+    hold.__exit__(None, None, None)  # the parent's own release still works
+    assert not lock.status().held
