@@ -30,6 +30,7 @@ import redis
 
 from .clients import LoopClients, at_loop_close
 from .errors import LeaseLost, LockTimeout, LockUsageError, NotReplicated, RedisUnavailable
+from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus, Renewal
 from .portal import is_portal_loop, portal
 from .protocol import (
@@ -202,15 +203,26 @@ class FifoLock:
         """Acquire, run the block holding the lock, and always release.
 
         ``async with lock.hold(timeout=5) as lease: ...`` - arguments as for
-        ``acquire``. Raises what ``acquire`` raises on entry and ``LeaseLost``
-        on exit if the lease was lost while the block ran.
+        ``acquire``. Raises what ``acquire`` raises on entry, and on exit what
+        ``release`` raises (``LeaseLost`` if the lease was lost while the block
+        ran). A release that cannot reach Redis is tried again for about a
+        second (``holding.RELEASE_RETRY_PAUSES_S``) before it gives up.
+
+        If the block raised, that exception propagates even when the release
+        fails too: the release's exception is then attached to it as its
+        ``fifolock_release_error`` attribute (and as a note on Python 3.11+).
         """
         lease = await self.acquire(timeout, token=token)
+        # Shielded: a second cancellation must not leave the lease to expire.
         try:
             yield lease
-        finally:
-            # Shielded: a second cancellation must not leave the lease to expire.
-            await asyncio.shield(self.release(lease))
+        except BaseException as error:
+            try:
+                await asyncio.shield(release_retrying(self, lease))
+            except Exception as failure:
+                attach_release_error(error, failure, self.name)
+            raise
+        await asyncio.shield(release_retrying(self, lease))
 
     async def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Wait for the lock, in arrival order, and return the ``Lease``.

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from .clients import LoopClients
+from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
@@ -113,10 +114,26 @@ class SyncFifoLock:
     def hold(self, timeout: float | None = None, *, token: str | None = None) -> Iterator[Lease]:
         """``with lock.hold(timeout=5) as lease:`` acquire, run the block, release.
 
-        The lease is renewed by the portal while the block runs.
+        The lease is renewed by the portal while the block runs. Errors, and
+        the retried release, as for ``FifoLock.hold``: an exception raised by
+        the block always propagates, with a failed release attached to it as
+        ``fifolock_release_error``.
         """
         lease = self.acquire(timeout, token=token)
         try:
             yield lease
-        finally:
-            self.release(lease)
+        except BaseException as error:
+            try:
+                self._release_retrying(lease)
+            except Exception as failure:
+                attach_release_error(error, failure, self.name)
+            raise
+        self._release_retrying(lease)
+
+    def _release_retrying(self, lease: Lease) -> None:
+        lease.check_owner()
+
+        async def run() -> None:
+            await release_retrying(self._lock(), lease)
+
+        portal().call(self.name, run)

@@ -156,3 +156,36 @@ def test_a_forked_child_leaving_the_sync_hold_cannot_release_the_parents_lease(
     assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
     hold.__exit__(None, None, None)  # the parent's own release still works
     assert not lock.status().held
+
+
+class BodyFailed(Exception):
+    """What the body of a hold raises in the test below."""
+
+
+def test_the_sync_hold_keeps_the_body_error_retries_the_release_and_attaches_its_failure(
+    redis_url: str,
+) -> None:
+    import redis
+
+    from redis_fifo_lock import LoopClients
+
+    admin = redis.Redis.from_url(redis_url)
+    # Replies slower than 0.2 s time out, and redis-py does not retry on its own.
+    clients = LoopClients(redis_url, socket_timeout=0.2, retry=AsyncRetry(NoBackoff(), 0))
+    lock = SyncFifoLock(clients, "sync-body-error", lease_ms=30_000, poll_ms=5000)
+    try:
+        with pytest.raises(BodyFailed) as caught, lock.hold():
+            # Scripts wait for 0.5 s: the first release times out, a retry gets in.
+            admin.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+            raise BodyFailed("the body's own error")
+        assert getattr(caught.value, "fifolock_release_error", None) is None
+        assert not lock.status().held  # freed now, not in lease_ms (30 s)
+
+        with pytest.raises(BodyFailed) as caught, lock.hold():
+            admin.delete("fifolock:{sync-body-error}:lease")  # the release fails: LeaseLost
+            raise BodyFailed("the body's own error")
+        assert isinstance(caught.value.fifolock_release_error, LeaseLost)  # type: ignore[attr-defined]
+        if sys.version_info >= (3, 11):
+            assert any("LeaseLost" in note for note in caught.value.__notes__)
+    finally:
+        admin.close()
