@@ -54,6 +54,10 @@ RENEW_REPLY_FLOOR_S = 0.05
 to end (at ``max_hold_ms`` Redis's answer says why)."""
 RENEW_RETRY_S = 0.5
 """Pause before a renewal that could not reach Redis is tried again, in seconds."""
+RENEWAL_END_RECHECK_S = 0.02
+"""Seconds between checks, after a release, that its cancelled renewal ended."""
+RENEWAL_END_WAIT_S = 1.0
+"""Longest wait, in seconds, of a release for its cancelled renewal to end."""
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -519,7 +523,7 @@ class FifoLock:
             raise
         lease.released = True
         if stopped is not None and not stopped.done():
-            await asyncio.gather(stopped, return_exceptions=True)
+            await _end_renewal(stopped)
         if outcome == NOT_HELD:
             reason = lease.lost_reason or "the lease expired or was taken before release"
             lease.mark_lost(reason)
@@ -559,6 +563,25 @@ class FifoLock:
             holder_ticket=grant.ticket if grant else None,
             lease_left_ms=grant.pttl_ms if grant else None,
         )
+
+
+async def _end_renewal(task: asyncio.Task[None]) -> None:
+    """Wait for the cancelled renewal ``task`` of a released lease to end, for at
+    most ``RENEWAL_END_WAIT_S`` seconds.
+
+    On Python 3.10 and 3.11, ``asyncio.wait_for`` swallows a cancellation that
+    arrives as the call it waits for completes (bpo-42130): the renewal then
+    carries on and sleeps until its next renewal is due (``lease_ms / 3``).
+    So the task is cancelled again whenever it is found still running; its
+    next await (that sleep) ends it. Past the bound the task is left to end by
+    itself: Redis refuses a renewal of a released lease, and a refusal after
+    the release does not mark the lease lost.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RENEWAL_END_WAIT_S
+    while not task.done() and loop.time() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=RENEWAL_END_RECHECK_S)
 
 
 _held_on: weakref.WeakKeyDictionary[

@@ -185,3 +185,26 @@ def test_a_child_forked_while_another_thread_builds_a_client_builds_its_own(
         go_on.set()
         builder.join(20)
     assert code == RETURNED
+
+
+def test_a_sync_release_of_a_lease_handed_to_the_portal_returns_at_once(redis_url: str) -> None:
+    # The lease moves to the portal as asyncio.run closes its loop, with a
+    # renewal due at once; the sync release then cuts that renewal off in
+    # flight. On Python 3.10 / 3.11 asyncio.wait_for can swallow that
+    # cancellation (bpo-42130), and the release must not wait for the renewal
+    # task to notice (it would sleep until the next renewal, 5 s here).
+    clients = LoopClients(redis_url)
+    settings = {"lease_ms": 15_000, "poll_ms": 5000}
+    core = FifoLock(clients, "handed-back", **settings)
+    sync = SyncFifoLock(clients, "handed-back", **settings)
+
+    async def acquire() -> Lease:
+        return await core.acquire()
+
+    for attempt in range(12):
+        lease = asyncio.run(acquire())
+        started = time.monotonic()
+        sync.release(lease)
+        took = time.monotonic() - started
+        assert took < 2.0, f"release {attempt} took {took:.1f} s (renewal interval: 5 s)"
+        assert not sync.status().held
