@@ -395,7 +395,7 @@ class FifoLock:
         running = renewal.cancel()
         if running is not None:
             await asyncio.gather(running, return_exceptions=True)
-        portal().loop.call_soon_threadsafe(self._renew_on_portal, lease, renewal.expires_at)
+        portal().call_soon(lambda: self._renew_on_portal(lease, renewal.expires_at))
 
     def _renew_on_portal(self, lease: Lease, expires_at: float) -> None:
         if lease.releasing or lease.lost:

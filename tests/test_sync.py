@@ -189,3 +189,42 @@ def test_the_sync_hold_keeps_the_body_error_retries_the_release_and_attaches_its
             assert any("LeaseLost" in note for note in caught.value.__notes__)
     finally:
         admin.close()
+
+
+REQUEST: contextvars.ContextVar[object] = contextvars.ContextVar("request")
+
+
+class RequestState:
+    """Stands for what a request keeps in context variables (ids, spans, a cache)."""
+
+
+def test_a_sync_callers_context_is_not_kept_after_its_call(redis_url: str) -> None:
+    # Run in a new process, so that the first caller there also starts the
+    # portal and opens its connections, as the first request of a server does.
+    script = """
+import contextvars, gc, sys, weakref
+from redis_fifo_lock import SyncFifoLock
+from tests.test_sync import REQUEST, RequestState
+
+lock = SyncFifoLock(sys.argv[1], "context", lease_ms=6000, poll_ms=1000)
+
+def request():
+    state = RequestState()
+    REQUEST.set(state)
+    with lock.hold():
+        pass
+    return weakref.ref(state)
+
+kept = [contextvars.Context().run(request) for _ in range(3)]
+gc.collect()
+print(sum(ref() is not None for ref in kept))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, redis_url],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0", "requests whose context outlived them"
