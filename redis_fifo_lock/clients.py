@@ -64,6 +64,21 @@ async def _run_all(cleanups: list[Cleanup]) -> None:
     await asyncio.gather(*(step() for step in cleanups), return_exceptions=True)
 
 
+_instances: weakref.WeakSet[LoopClients] = weakref.WeakSet()
+"""Every live ``LoopClients`` of this process, for the fork hook below."""
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held a guard (building a client) at the
+    # moment of the fork; that thread does not exist in the child, so the
+    # guard would stay locked for ever. Nothing else can hold it here yet.
+    for clients in list(_instances):
+        clients._guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class LoopClients:
     """Builds and caches one async Redis client per running event loop.
 
@@ -118,6 +133,7 @@ class LoopClients:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
+        _instances.add(self)
 
     @classmethod
     def cluster(

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+
+from .errors import LockUsageError
 
 
 class Lease:
@@ -30,16 +33,28 @@ class Lease:
             the script call that granted (or last renewed) it was *sent*, so it
             is never later than Redis's expiry of the grant, however late the
             reply was read. ``lost`` is True from then on.
+        pid: id (int) of the process that acquired the lease. Only that process
+            can release it: a child forked while the lease was held inherits
+            this object but not the hold, and releasing it there raises
+            ``LockUsageError`` without touching Redis.
     """
 
     def __init__(
-        self, name: str, token: str, fence: int, ticket: int, expires_at: float = math.inf
+        self,
+        name: str,
+        token: str,
+        fence: int,
+        ticket: int,
+        expires_at: float = math.inf,
+        *,
+        pid: int | None = None,
     ) -> None:
         self.name = name
         self.token = token
         self.fence = fence
         self.ticket = ticket
         self.expires_at = expires_at
+        self.pid = os.getpid() if pid is None else pid
         self.released = False
         self.releasing = False  # set when release() starts: later refusals are expected
         self.lost_reason: str | None = None
@@ -80,6 +95,21 @@ class Lease:
         finally:
             with contextlib.suppress(ValueError):
                 self._lost_waiters.remove(waiter)
+
+    def check_owner(self) -> None:
+        """Raise unless called in the process that acquired the lease.
+
+        Raises:
+            LockUsageError: naming the lock, in any other process (a child
+                forked while the lease was held): the hold is the parent's.
+        """
+        if self.pid != os.getpid():
+            raise LockUsageError(
+                self.name,
+                f"lease fence {self.fence} was acquired by process {self.pid}, and this is "
+                f"process {os.getpid()} (forked while it was held); only the acquiring "
+                "process can release it - nothing was changed in Redis",
+            )
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"

@@ -31,6 +31,7 @@ import redis
 
 from .clients import LoopClients, at_loop_close
 from .errors import LeaseLost, LockTimeout, LockUsageError, NotReplicated, RedisUnavailable
+from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus, Renewal
 from .portal import is_portal_loop, portal
 from .protocol import (
@@ -72,6 +73,10 @@ async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
         return await awaitable
     remaining = deadline - asyncio.get_running_loop().time()
     return await asyncio.wait_for(awaitable, max(ATTEMPT_FLOOR_S, remaining))
+RENEWAL_END_RECHECK_S = 0.02
+"""Seconds between checks, after a release, that its cancelled renewal ended."""
+RENEWAL_END_WAIT_S = 1.0
+"""Longest wait, in seconds, of a release for its cancelled renewal to end."""
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -231,15 +236,26 @@ class FifoLock:
         """Acquire, run the block holding the lock, and always release.
 
         ``async with lock.hold(timeout=5) as lease: ...`` - arguments as for
-        ``acquire``. Raises what ``acquire`` raises on entry and ``LeaseLost``
-        on exit if the lease was lost while the block ran.
+        ``acquire``. Raises what ``acquire`` raises on entry, and on exit what
+        ``release`` raises (``LeaseLost`` if the lease was lost while the block
+        ran). A release that cannot reach Redis is tried again for about a
+        second (``holding.RELEASE_RETRY_PAUSES_S``) before it gives up.
+
+        If the block raised, that exception propagates even when the release
+        fails too: the release's exception is then attached to it as its
+        ``fifolock_release_error`` attribute (and as a note on Python 3.11+).
         """
         lease = await self.acquire(timeout, token=token)
+        # Shielded: a second cancellation must not leave the lease to expire.
         try:
             yield lease
-        finally:
-            # Shielded: a second cancellation must not leave the lease to expire.
-            await asyncio.shield(self.release(lease))
+        except BaseException as error:
+            try:
+                await asyncio.shield(release_retrying(self, lease))
+            except Exception as failure:
+                attach_release_error(error, failure, self.name)
+            raise
+        await asyncio.shield(release_retrying(self, lease))
 
     async def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Wait for the lock, in arrival order, and return the ``Lease``.
@@ -426,7 +442,7 @@ class FifoLock:
         running = renewal.cancel()
         if running is not None:
             await asyncio.gather(running, return_exceptions=True)
-        portal().loop.call_soon_threadsafe(self._renew_on_portal, lease)
+        portal().call_soon(lambda: self._renew_on_portal(lease))
 
     def _renew_on_portal(self, lease: Lease) -> None:
         if lease.releasing or lease.lost:
@@ -524,7 +540,9 @@ class FifoLock:
                 hold was not assured.
             RedisUnavailable: Redis could not be reached; the lease is kept (not
                 renewed) and ``release`` can be retried.
-            LockUsageError: ``lease`` belongs to another lock name.
+            LockUsageError: ``lease`` belongs to another lock name, or to another
+                process (this one was forked while it was held); nothing is
+                changed in Redis then.
         """
         if not isinstance(lease, Lease) or lease.name != self.name:
             raise LockUsageError(
@@ -532,6 +550,7 @@ class FifoLock:
                 f"release() got {lease!r}, which is not a lease of this lock; release a "
                 "lease with the lock (same name) that granted it",
             )
+        lease.check_owner()
         if lease.released:
             return
         lost_before = lease.lost  # also when its expires_at passed: no longer acting as holder
@@ -559,7 +578,7 @@ class FifoLock:
         lease.released = True
         hub.leases.pop(lease.token, None)
         if stopped is not None and not stopped.done():
-            await asyncio.gather(stopped, return_exceptions=True)
+            await _end_renewal(stopped)
         if outcome == NOT_HELD:
             reason = lease.lost_reason or "the lease expired or was taken before release"
             lease.mark_lost(reason)
@@ -599,6 +618,25 @@ class FifoLock:
             holder_ticket=grant.ticket if grant else None,
             lease_left_ms=grant.pttl_ms if grant else None,
         )
+
+
+async def _end_renewal(task: asyncio.Task[None]) -> None:
+    """Wait for the cancelled renewal ``task`` of a released lease to end, for at
+    most ``RENEWAL_END_WAIT_S`` seconds.
+
+    On Python 3.10 and 3.11, ``asyncio.wait_for`` swallows a cancellation that
+    arrives as the call it waits for completes (bpo-42130): the renewal then
+    carries on and sleeps until its next renewal is due (``lease_ms / 3``).
+    So the task is cancelled again whenever it is found still running; its
+    next await (that sleep) ends it. Past the bound the task is left to end by
+    itself: Redis refuses a renewal of a released lease, and a refusal after
+    the release does not mark the lease lost.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RENEWAL_END_WAIT_S
+    while not task.done() and loop.time() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=RENEWAL_END_RECHECK_S)
 
 
 _held_on: weakref.WeakKeyDictionary[

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Coroutine
@@ -23,14 +24,31 @@ CANCEL_GRACE_S = 5.0
 
 
 class Portal:
-    """An event loop in a daemon thread that runs coroutines for sync callers."""
+    """An event loop in a daemon thread that runs coroutines for sync callers.
+
+    The loop, its thread and every task it runs for a caller live in empty
+    ``contextvars`` contexts, never in a caller's: a task copies the context it
+    is created in, and a callback or socket handler registered on the loop
+    keeps the context it was registered in for as long as it stays registered
+    (the loop's own wake-up pipe, a connection kept in a pool: for good). The
+    context variables of a request that used the lock (ids, tracing spans, the
+    objects they hold) are freed when the request ends.
+    """
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = contextvars.Context().run(asyncio.new_event_loop)
         self.thread = threading.Thread(
-            target=self.loop.run_forever, name="fifolock-portal", daemon=True
+            target=contextvars.Context().run,
+            args=(self.loop.run_forever,),
+            name="fifolock-portal",
+            daemon=True,
         )
         self.thread.start()
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback()`` on the portal loop, in an empty context; callable
+        from any thread."""
+        self.loop.call_soon_threadsafe(callback, context=contextvars.Context())
 
     def call(
         self,
@@ -83,17 +101,20 @@ class Portal:
                 finished.release()  # interrupted before the task began: nothing to wait for
 
         try:
-            self.loop.call_soon_threadsafe(start)
+            self.call_soon(start)
             finished.acquire()
         except BaseException:
             # Callbacks run in order: abandon() runs after start() if that was queued.
-            self.loop.call_soon_threadsafe(abandon)
+            self.call_soon(abandon)
             if not (started and started[0].done()):
                 finished.acquire(timeout=CANCEL_GRACE_S)
             task = started[0] if started else None
             succeeded = task is not None and task.done() and not task.cancelled()
             if undo is not None and task is not None and succeeded and task.exception() is None:
-                undone = asyncio.run_coroutine_threadsafe(undo(task.result()), self.loop)
+                # Scheduled from an empty context, so that its task copies that one.
+                undone = contextvars.Context().run(
+                    asyncio.run_coroutine_threadsafe, undo(task.result()), self.loop
+                )
                 concurrent.futures.wait([undone], timeout=CANCEL_GRACE_S)
             raise
         return started[0].result()

@@ -14,6 +14,7 @@ from dataclasses import asdict
 
 from .clients import LoopClients
 from .connection import check_url
+from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
@@ -95,7 +96,15 @@ class SyncFifoLock:
         return portal().call(self.name, run, undo=give_back)
 
     def release(self, lease: Lease) -> None:
-        """Release ``lease``; see ``FifoLock.release`` (same errors)."""
+        """Release ``lease``; see ``FifoLock.release`` (same errors).
+
+        Raises:
+            LockUsageError: also when ``lease`` was acquired by another process
+                (this one was forked while it was held), before any portal
+                thread or connection is started for it.
+        """
+        if isinstance(lease, Lease):
+            lease.check_owner()
 
         async def run() -> None:
             await self._lock().release(lease)
@@ -114,10 +123,26 @@ class SyncFifoLock:
     def hold(self, timeout: float | None = None, *, token: str | None = None) -> Iterator[Lease]:
         """``with lock.hold(timeout=5) as lease:`` acquire, run the block, release.
 
-        The lease is renewed by the portal while the block runs.
+        The lease is renewed by the portal while the block runs. Errors, and
+        the retried release, as for ``FifoLock.hold``: an exception raised by
+        the block always propagates, with a failed release attached to it as
+        ``fifolock_release_error``.
         """
         lease = self.acquire(timeout, token=token)
         try:
             yield lease
-        finally:
-            self.release(lease)
+        except BaseException as error:
+            try:
+                self._release_retrying(lease)
+            except Exception as failure:
+                attach_release_error(error, failure, self.name)
+            raise
+        self._release_retrying(lease)
+
+    def _release_retrying(self, lease: Lease) -> None:
+        lease.check_owner()
+
+        async def run() -> None:
+            await release_retrying(self._lock(), lease)
+
+        portal().call(self.name, run)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -10,8 +12,10 @@ from collections.abc import Callable
 import pytest
 import redis
 from asgiref.sync import async_to_sync
+from redis.asyncio import Redis
 
-from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients, SyncFifoLock
+from tests.support.forking import RETURNED, in_child, needs_fork
 
 
 def connections(url: str, name: str) -> int:
@@ -143,3 +147,64 @@ def test_wait_lost_wakes_a_waiter_on_another_loop_after_the_hand_over(redis_url:
 
     assert asyncio.run(lose_and_wait()) < 1.0
     assert lease.lost
+
+
+@needs_fork
+def test_a_child_forked_while_another_thread_builds_a_client_builds_its_own(
+    redis_url: str,
+) -> None:
+    parent = os.getpid()
+    building, go_on = threading.Event(), threading.Event()
+
+    def factory() -> Redis:
+        if os.getpid() == parent:
+            building.set()
+            go_on.wait(20)  # the fork happens while this thread builds a client
+        return Redis.from_url(redis_url)
+
+    clients = LoopClients(factory=factory)
+
+    async def ping() -> object:
+        return await clients.client().ping()
+
+    def ping_in_a_thread() -> None:
+        # A thread, so that a child stuck on the inherited lock still exits.
+        answers: list[object] = []
+        thread = threading.Thread(target=lambda: answers.append(asyncio.run(ping())), daemon=True)
+        thread.start()
+        thread.join(5)
+        if not answers:
+            raise TimeoutError("the child got no client within 5 s")
+
+    builder = threading.Thread(target=lambda: asyncio.run(ping()))
+    builder.start()
+    try:
+        assert building.wait(20)
+        code = in_child(ping_in_a_thread, TimeoutError)
+    finally:
+        go_on.set()
+        builder.join(20)
+    assert code == RETURNED
+
+
+def test_a_sync_release_of_a_lease_handed_to_the_portal_returns_at_once(redis_url: str) -> None:
+    # The lease moves to the portal as asyncio.run closes its loop, with a
+    # renewal due at once; the sync release then cuts that renewal off in
+    # flight. On Python 3.10 / 3.11 asyncio.wait_for can swallow that
+    # cancellation (bpo-42130), and the release must not wait for the renewal
+    # task to notice (it would sleep until the next renewal, 5 s here).
+    clients = LoopClients(redis_url)
+    settings = {"lease_ms": 15_000, "poll_ms": 5000}
+    core = FifoLock(clients, "handed-back", **settings)
+    sync = SyncFifoLock(clients, "handed-back", **settings)
+
+    async def acquire() -> Lease:
+        return await core.acquire()
+
+    for attempt in range(12):
+        lease = asyncio.run(acquire())
+        started = time.monotonic()
+        sync.release(lease)
+        took = time.monotonic() - started
+        assert took < 2.0, f"release {attempt} took {took:.1f} s (renewal interval: 5 s)"
+        assert not sync.status().held

@@ -23,6 +23,7 @@ from redis_fifo_lock import (
     RedisUnavailable,
     SyncFifoLock,
 )
+from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.polling import until, until_sync
 from tests.support.record import Record, violations
 
@@ -544,3 +545,70 @@ def test_event_loops_and_their_clients_are_not_kept_alive(redis_url: str) -> Non
         asyncio.run(use())
     gc.collect()
     assert [ref for ref in used if ref() is not None] == []
+
+
+# --- a forked child, and a release that fails as the body raises -------------------------
+
+
+@needs_fork
+async def test_a_forked_child_leaving_the_hold_cannot_release_the_parents_lease(
+    aredis: Redis, redis_url: str
+) -> None:
+    from redis_fifo_lock import LoopClients
+
+    # A LoopClients, so that the child gets a client of its own and could
+    # really reach Redis: nothing but the lease's owner check stops it.
+    lock = FifoLock(LoopClients(redis_url), "forked-hold", lease_ms=6000, poll_ms=1000)
+    hold = lock.hold()
+    lease = await hold.__aenter__()
+
+    def leave_the_hold() -> None:
+        try:
+            asyncio.run(hold.__aexit__(None, None, None))
+        except LockUsageError as exc:
+            assert "forked-hold" in str(exc)
+            raise
+
+    assert in_child(leave_the_hold, LockUsageError) == RAISED
+    status = await lock.status()
+    assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
+    assert not lease.released
+    await hold.__aexit__(None, None, None)  # the parent's own release still works
+    assert not (await lock.status()).held
+
+
+class BodyFailed(Exception):
+    """What the body of a hold raises in the tests below."""
+
+
+async def test_a_failed_release_is_attached_to_the_error_the_body_raised(aredis: Redis) -> None:
+    lock = fast_lock(aredis, "body-error")
+    with pytest.raises(BodyFailed) as caught:
+        async with lock.hold():
+            await aredis.delete(lock.keys.key("lease"))  # the release will fail: LeaseLost
+            raise BodyFailed("the body's own error")
+    failure = caught.value.fifolock_release_error  # type: ignore[attr-defined]
+    assert isinstance(failure, LeaseLost)
+    if sys.version_info >= (3, 11):
+        assert any("LeaseLost" in note for note in caught.value.__notes__)
+
+
+async def test_a_release_that_cannot_reach_redis_is_retried_when_the_body_raised(
+    aredis: Redis, redis_url: str
+) -> None:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    # Replies slower than 0.2 s time out, and redis-py does not retry on its own.
+    client = Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    lock = FifoLock(client, "retried-release", lease_ms=30_000, poll_ms=5000)
+    try:
+        with pytest.raises(BodyFailed) as caught:
+            async with lock.hold():
+                # Scripts wait for 0.5 s: the first release times out, a retry gets in.
+                await aredis.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+                raise BodyFailed("the body's own error")
+        assert getattr(caught.value, "fifolock_release_error", None) is None
+        assert not (await lock.status()).held  # freed now, not in lease_ms (30 s)
+    finally:
+        await client.aclose()

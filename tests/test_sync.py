@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextvars
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
 from redis_fifo_lock.portal import portal
+from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.record import Record, violations
 
 
@@ -128,3 +134,97 @@ def test_an_interrupted_sync_acquire_never_leaves_the_lock_held(redis_url: str) 
         signal.signal(signal.SIGALRM, previous)
     status = lock.status()
     assert (status.held, status.waiting) == (False, 0), status
+
+
+@needs_fork
+def test_a_forked_child_leaving_the_sync_hold_cannot_release_the_parents_lease(
+    redis_url: str,
+) -> None:
+    lock = SyncFifoLock(redis_url, "forked-sync-hold", lease_ms=6000, poll_ms=1000)
+    hold = lock.hold()
+    lease = hold.__enter__()
+
+    def leave_the_hold() -> None:
+        try:
+            hold.__exit__(None, None, None)
+        except LockUsageError as exc:
+            assert "forked-sync-hold" in str(exc)
+            raise
+
+    assert in_child(leave_the_hold, LockUsageError) == RAISED
+    status = lock.status()
+    assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
+    hold.__exit__(None, None, None)  # the parent's own release still works
+    assert not lock.status().held
+
+
+class BodyFailed(Exception):
+    """What the body of a hold raises in the test below."""
+
+
+def test_the_sync_hold_keeps_the_body_error_retries_the_release_and_attaches_its_failure(
+    redis_url: str,
+) -> None:
+    import redis
+
+    from redis_fifo_lock import LoopClients
+
+    admin = redis.Redis.from_url(redis_url)
+    # Replies slower than 0.2 s time out, and redis-py does not retry on its own.
+    clients = LoopClients(redis_url, socket_timeout=0.2, retry=AsyncRetry(NoBackoff(), 0))
+    lock = SyncFifoLock(clients, "sync-body-error", lease_ms=30_000, poll_ms=5000)
+    try:
+        with pytest.raises(BodyFailed) as caught, lock.hold():
+            # Scripts wait for 0.5 s: the first release times out, a retry gets in.
+            admin.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+            raise BodyFailed("the body's own error")
+        assert getattr(caught.value, "fifolock_release_error", None) is None
+        assert not lock.status().held  # freed now, not in lease_ms (30 s)
+
+        with pytest.raises(BodyFailed) as caught, lock.hold():
+            admin.delete("fifolock:{sync-body-error}:lease")  # the release fails: LeaseLost
+            raise BodyFailed("the body's own error")
+        assert isinstance(caught.value.fifolock_release_error, LeaseLost)  # type: ignore[attr-defined]
+        if sys.version_info >= (3, 11):
+            assert any("LeaseLost" in note for note in caught.value.__notes__)
+    finally:
+        admin.close()
+
+
+REQUEST: contextvars.ContextVar[object] = contextvars.ContextVar("request")
+
+
+class RequestState:
+    """Stands for what a request keeps in context variables (ids, spans, a cache)."""
+
+
+def test_a_sync_callers_context_is_not_kept_after_its_call(redis_url: str) -> None:
+    # Run in a new process, so that the first caller there also starts the
+    # portal and opens its connections, as the first request of a server does.
+    script = """
+import contextvars, gc, sys, weakref
+from redis_fifo_lock import SyncFifoLock
+from tests.test_sync import REQUEST, RequestState
+
+lock = SyncFifoLock(sys.argv[1], "context", lease_ms=6000, poll_ms=1000)
+
+def request():
+    state = RequestState()
+    REQUEST.set(state)
+    with lock.hold():
+        pass
+    return weakref.ref(state)
+
+kept = [contextvars.Context().run(request) for _ in range(3)]
+gc.collect()
+print(sum(ref() is not None for ref in kept))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, redis_url],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0", "requests whose context outlived them"

@@ -206,6 +206,23 @@ def test_a_lease_from_an_async_to_sync_call_keeps_renewing_after_its_loop_closed
     assert not lease.lost and not lock.status().held
 
 
+def test_a_sync_release_after_an_async_to_sync_acquire_returns_at_once(
+    counter_cache: Any,
+) -> None:
+    # The lease moves to the portal as the call's loop closes, with a renewal
+    # due at once, which the release then cuts off in flight. Python 3.10 and
+    # 3.11 can swallow that cancellation (bpo-42130); the release must not wait
+    # for the renewal task to notice (until its next renewal, 5 s here).
+    lock = counter_cache.fifo_lock("handover", timeout=5, lease_ms=15_000, poll_ms=5000)
+    for attempt in range(12):
+        lease = async_to_sync(lock.aacquire)()
+        started = time.monotonic()
+        lock.release(lease)
+        took = time.monotonic() - started
+        assert took < 2.0, f"release {attempt} took {took:.1f} s (renewal interval: 5 s)"
+    assert not lock.status().held
+
+
 # --- loops that close ----------------------------------------------------------------------
 
 

@@ -1,0 +1,76 @@
+"""The end of a ``hold()`` block: a release that is retried, and that never
+hides the error the block raised.
+
+Shared by ``FifoLock.hold`` and ``SyncFifoLock.hold`` (which runs
+``release_retrying`` on the portal loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+from .errors import RedisUnavailable
+
+if TYPE_CHECKING:
+    from .lease import Lease
+    from .lock import FifoLock
+
+log = logging.getLogger("redis_fifo_lock")
+
+RELEASE_RETRY_PAUSES_S: tuple[float, ...] = (0.1, 0.3, 0.9)
+"""Pauses in seconds before each new try of a hold's release that could not
+reach Redis: four tries at most, 1.3 s of pauses in all (plus each try's own
+client timeouts). Only ``RedisUnavailable`` is retried; Redis recognises a
+release it already ran, so a retry after a lost reply is harmless."""
+
+RELEASE_ERROR_ATTRIBUTE = "fifolock_release_error"
+"""Name of the attribute set on the exception a hold's block raised when the
+release that followed failed as well; its value is the release's exception."""
+
+
+async def release_retrying(lock: FifoLock, lease: Lease) -> None:
+    """Release ``lease`` with ``lock``, trying again (after the pauses of
+    ``RELEASE_RETRY_PAUSES_S``) while Redis cannot be reached, so that a short
+    outage does not leave the lock held until ``lease_ms`` runs out.
+
+    Raises:
+        RedisUnavailable: every try failed; the lease expires by itself within
+            ``lease_ms``.
+        LeaseLost, LockUsageError: as ``FifoLock.release`` (never retried).
+    """
+    for pause in RELEASE_RETRY_PAUSES_S:
+        try:
+            await lock.release(lease)
+            return
+        except RedisUnavailable as exc:
+            log.warning(
+                "FIFO lock %r: releasing lease fence %d failed (%s); trying again in %.1f s",
+                lock.name,
+                lease.fence,
+                exc.cause or exc.message,
+                pause,
+            )
+        await asyncio.sleep(pause)
+    await lock.release(lease)
+
+
+def attach_release_error(error: BaseException, failure: Exception, name: str) -> None:
+    """Record on ``error`` (what a hold's block raised, and what propagates)
+    that the release of lock ``name`` after it failed with ``failure``.
+
+    ``failure`` becomes ``error.fifolock_release_error`` (see
+    ``RELEASE_ERROR_ATTRIBUTE``), is added as a note on Python 3.11+ (shown in
+    the traceback), and is logged as a warning, which Python 3.10 shows
+    nowhere else.
+    """
+    setattr(error, RELEASE_ERROR_ATTRIBUTE, failure)
+    note = (
+        f"FIFO lock {name!r}: the release after this error failed too: "
+        f"{type(failure).__name__}: {failure}"
+    )
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    log.warning("%s (the block raised %s: %s)", note, type(error).__name__, error)
