@@ -21,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import AsyncClient, Client, override_settings
 from django_app import settings as project
 from django_app.testing import assert_served_one_at_a_time, get_json, url_with_db
-from redis import Redis
+from redis import Connection, Redis
 from redis.asyncio.connection import SSLConnection
 
 import fifolock_django
@@ -313,7 +313,7 @@ def test_django_redis_connection_settings_come_from_location_and_options() -> No
         "SOCKET_TIMEOUT": 5,
         "SOCKET_CONNECT_TIMEOUT": 2,
         "IGNORE_EXCEPTIONS": True,
-        "CONNECTION_POOL_KWARGS": {"max_connections": 20, "connection_class": object},
+        "CONNECTION_POOL_KWARGS": {"max_connections": 20, "connection_class": Connection},
     }
     connection = cache.connection_settings("redis://primary:6379/4,redis://replica:6379/4", options)
 
