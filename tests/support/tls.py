@@ -24,6 +24,7 @@ import trustme
 from redis import Redis
 
 from redis_fifo_lock.testing import PrivateRedis, private_redis_server
+from tests.support.polling import until_sync
 
 PASSWORD = "s3cret-tls-password"
 """The ``requirepass`` of every TLS server started here."""
@@ -120,6 +121,36 @@ def private_tls_redis_server(extra_args: list[str] | None = None) -> Iterator[Tl
                 str(key_file),
                 server,
             )
+
+
+@contextmanager
+def private_tls_sentinel(server: TlsRedis, service_name: str) -> Iterator[PrivateRedis]:
+    """Run one sentinel (plain port, quorum 1) watching ``server`` over TLS.
+
+    Yields:
+        the sentinel, once it reaches the master over TLS.
+    """
+    config = (
+        f"sentinel monitor {service_name} {server.host} {server.port} 1\n"
+        f"sentinel auth-pass {service_name} {server.password}\n"
+        f"sentinel down-after-milliseconds {service_name} 60000\n"
+        "tls-replication yes\n"
+        f"tls-cert-file {server.cert_file}\n"
+        f"tls-key-file {server.key_file}\n"
+        f"tls-ca-cert-file {server.ca_file}\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="fifolock-snt-") as folder:
+        config_file = Path(folder, "sentinel.conf")
+        config_file.write_text(config)
+        with private_redis_server(extra_args=["--sentinel"], config_file=config_file) as sentinel:
+            with Redis.from_url(sentinel.url, decode_responses=True) as probe:
+
+                def reached() -> bool:
+                    flags = str(probe.sentinel_master(service_name).get("flags", ""))
+                    return flags.split(",") == ["master"]
+
+                until_sync(reached, f"the sentinel reaches {service_name} over TLS")
+            yield sentinel
 
 
 class RecordingListener:
