@@ -17,7 +17,7 @@ from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
 from .protocol import AsyncClient
-from .settings import check_name
+from .settings import check_name, check_namespace
 
 
 class SyncFifoLock:
@@ -29,9 +29,10 @@ class SyncFifoLock:
         name: the lock name (str), as for ``FifoLock``.
         lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for
             ``FifoLock`` (see ``LockSettings``).
+        namespace: as for ``FifoLock`` (str, default "": none).
 
     Raises:
-        ValueError: naming the setting, for a bad name or settings.
+        ValueError: naming the setting, for a bad name, namespace or settings.
 
     Methods mirror ``FifoLock`` without ``await``; ``timeout`` is in seconds.
     Safe to share between threads: ownership is the returned ``Lease``.
@@ -47,8 +48,10 @@ class SyncFifoLock:
         max_hold_ms: int = 1_800_000,
         replicas: int = 0,
         replica_wait_ms: int | None = None,
+        namespace: str = "",
     ) -> None:
         self.name = check_name(name)
+        self.namespace = check_namespace(namespace)
         self.clients = (
             connection if isinstance(connection, LoopClients) else LoopClients(connection)
         )
@@ -71,7 +74,10 @@ class SyncFifoLock:
         client = self.clients.client()
         core = self._core
         if core is None or core[0] is not client:
-            core = self._core = (client, FifoLock(client, self.name, **asdict(self.settings)))
+            core = self._core = (
+                client,
+                FifoLock(client, self.name, namespace=self.namespace, **asdict(self.settings)),
+            )
         return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
