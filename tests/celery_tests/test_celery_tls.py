@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from redis import Redis
 
 from fifolock_celery import LockConfig, clients_for, fifo_locked, lock_for, start_warnings
 from redis_fifo_lock import FifoLock, LockUsageError
@@ -136,7 +137,7 @@ def test_broker_use_ssl_true_is_refused_at_start() -> None:
     app = Celery("tls-true", set_as_current=False)
     app.conf.update(broker_url="redis://127.0.0.1:1/0", broker_use_ssl=True)
 
-    @app.task(name="t.locked")
+    @app.task(name="tls.locked", shared=False)
     @fifo_locked("jobs")
     def locked() -> None: ...
 
@@ -169,4 +170,19 @@ def test_tls_settings_the_lock_cannot_follow_are_refused_by_name(
     app = Celery("tls-bad", set_as_current=False)
     app.conf.update(settings)
     with pytest.raises(LockUsageError, match=named):
+        LockConfig.from_app(app, "jobs")
+
+
+def test_fifo_lock_namespace_puts_the_locks_under_a_prefix(redis_url: str) -> None:
+    app = Celery("ns", set_as_current=False)
+    app.conf.update(broker_url=redis_url, fifo_lock_namespace="tenantA")
+    lock = lock_for(app, "jobs", lease_ms=5000, poll_ms=1000)
+    with lock.hold(20):
+        probe = Redis.from_url(redis_url)
+        try:
+            assert probe.exists("tenantA:fifolock:{jobs}:lease")
+        finally:
+            probe.close()
+    app.conf.fifo_lock_namespace = "a{b"
+    with pytest.raises(ValueError, match="fifo_lock_namespace"):
         LockConfig.from_app(app, "jobs")
