@@ -114,4 +114,9 @@ def lock_for(
         replica_wait_ms=replica_wait_ms,
     )
     # Every field of the settings, so that none can be dropped on the way.
-    return SyncFifoLock(clients_for(app, config.server), name, **asdict(config.settings))
+    return SyncFifoLock(
+        clients_for(app, config.server),
+        name,
+        namespace=config.namespace,
+        **asdict(config.settings),
+    )

@@ -21,16 +21,35 @@ connection options of the sentinels themselves. When the locks default to a
 Redis broker, the transport options default to ``broker_transport_options``,
 so a Sentinel broker needs nothing more (see ``fifolock_celery.settings``).
 Other keys of the transport options are ignored.
+
+TLS, as kombu configures it for a Redis broker, for the server, the Sentinel
+master or every cluster node::
+
+    fifo_lock_redis_url = "rediss://:secret@redis.example:6380/0?ssl_cert_reqs=required"
+    # or a redis:// (or sentinel://) URL with TLS options, from any of:
+    broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/ca.pem"}
+    fifo_lock_transport_options = {"ssl_ca_certs": "/ca.pem", ...}
+
+``ssl_*`` keys in a URL's query are read as kombu reads them
+(``ssl_cert_reqs`` may be ``CERT_REQUIRED``/``required``, ``CERT_OPTIONAL``/
+``optional`` or ``CERT_NONE``/``none``); ``broker_use_ssl`` applies when the
+locks use the broker's URL; any ``ssl_*`` option means TLS. Unlike kombu, a
+``rediss://`` URL without ``ssl_cert_reqs`` verifies the server's certificate
+(redis-py's default). Sentinels that themselves speak TLS take ``ssl=True``
+(and their ``ssl_*`` options) in ``sentinel_kwargs``, as in kombu.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from kombu.utils.url import parse_ssl_cert_reqs
 
 from redis_fifo_lock import LoopClients
+from redis_fifo_lock.clients import wants_tls
 from redis_fifo_lock.connection import SCHEMES, check_url, masked_kwargs, masked_url
 
 Topology = Literal["server", "sentinel", "cluster"]
@@ -66,12 +85,17 @@ class LockServer:
             else None.
         sentinel_kwargs: connection options (dict) of the sentinels, or None.
         cluster: whether ``url`` names nodes of a Redis Cluster (bool).
+        ssl: the TLS options (``ssl_*`` keyword arguments of redis-py) of the
+            server, the Sentinel master or the cluster nodes, gathered from the
+            URL's query, ``broker_use_ssl`` and the transport options; empty
+            when none was given (a ``rediss://`` URL still means TLS).
     """
 
     url: str
     master_name: str | None = None
     sentinel_kwargs: dict[str, Any] | None = None
     cluster: bool = False
+    ssl: tuple[tuple[str, Any], ...] = field(default=(), repr=False)  # may hold ssl_password
 
     def __repr__(self) -> str:
         kwargs = None if self.sentinel_kwargs is None else masked_kwargs(self.sentinel_kwargs)
@@ -81,13 +105,21 @@ class LockServer:
         )
 
     @classmethod
-    def parse(cls, url: str, options: Mapping[str, Any] | None = None) -> LockServer:
+    def parse(
+        cls,
+        url: str,
+        options: Mapping[str, Any] | None = None,
+        use_ssl: object = None,
+    ) -> LockServer:
         """Check ``url`` and the transport ``options`` and keep what the locks need.
 
         Args:
             url: see ``url`` above.
             options: the transport options (``master_name``, ``sentinel_kwargs``,
-                ``cluster``); other keys are ignored. None means none.
+                ``cluster``, ``ssl_*``); other keys are ignored. None means none.
+            use_ssl: the broker's ``broker_use_ssl`` when ``url`` is the
+                broker's (a dict of ``ssl_*`` options; None or empty: none),
+                else None.
 
         Raises:
             ServerError: a URL that is not ``redis://``, ``rediss://``,
@@ -95,8 +127,10 @@ class LockServer:
                 ``ValueError`` is its ``__cause__``), a ``sentinel://`` URL
                 without ``master_name``, a URL mixing schemes, several URLs
                 that are neither sentinels nor (with ``cluster``) cluster nodes,
-                a cluster URL with a database other than 0, or an option of
-                the wrong type.
+                a cluster URL with a database other than 0, an option of the
+                wrong type, or TLS settings the locks cannot follow
+                (``broker_use_ssl=True``, a key that is not an ``ssl_*`` option
+                of redis-py's asyncio client, an unknown ``ssl_cert_reqs``).
         """
         options = {} if options is None else options
         if not isinstance(options, Mapping):
@@ -109,26 +143,32 @@ class LockServer:
                 check_url(chunk.strip(), "the URL", URL_SCHEMES)
             except (TypeError, ValueError) as exc:
                 raise ServerError(str(exc)) from exc
+        url, tls = _tls_options(url, options, use_ssl)
         parts = [urlsplit(chunk.strip()) for chunk in url.split(SEPARATOR)]
         schemes = {part.scheme for part in parts}
         if "sentinel" in schemes:
             if cluster:
                 raise ServerError("a sentinel:// URL cannot name a Redis Cluster ('cluster': True)")
-            return cls._sentinel(url, parts, schemes, options)
+            return cls._sentinel(url, parts, schemes, options, tls)
         if cluster:
             _check_nodes(url, parts, schemes)
-            return cls(url, cluster=True)
+            return cls(url, cluster=True, ssl=tls)
         if len(parts) > 1:
             raise ServerError(
                 f"{_shown(url)} lists several servers; the locks need one server, the "
                 "sentinels of one (sentinel://...;sentinel://...) or, with the transport "
                 "option 'cluster': True, the nodes of a Redis Cluster"
             )
-        return cls(url)
+        return cls(url, ssl=tls)
 
     @classmethod
     def _sentinel(
-        cls, url: str, parts: list[SplitResult], schemes: set[str], options: Mapping[str, Any]
+        cls,
+        url: str,
+        parts: list[SplitResult],
+        schemes: set[str],
+        options: Mapping[str, Any],
+        tls: tuple[tuple[str, Any], ...],
     ) -> LockServer:
         if schemes != {"sentinel"} or not all(part.hostname for part in parts):
             raise ServerError(
@@ -148,7 +188,9 @@ class LockServer:
             )
         _database(parts[0])
         kwargs = None if sentinel_kwargs is None else dict(sentinel_kwargs)
-        return cls(url, master_name=master_name, sentinel_kwargs=kwargs)
+        if kwargs is not None:
+            _check_tls(None, kwargs, "transport option 'sentinel_kwargs'")
+        return cls(url, master_name=master_name, sentinel_kwargs=kwargs, ssl=tls)
 
     @property
     def topology(self) -> Topology:
@@ -170,15 +212,16 @@ class LockServer:
         cannot be hashed)."""
         given = self.sentinel_kwargs
         sentinel_kwargs = None if given is None else sorted(given.items())
-        return repr((self.url, self.master_name, sentinel_kwargs, self.cluster))
+        return repr((self.url, self.master_name, sentinel_kwargs, self.cluster, self.ssl))
 
     def loop_clients(self) -> LoopClients:
         """A new ``LoopClients`` for this server (``fifolock_celery.clients.clients_for``
         keeps one per app and server)."""
         parts = [urlsplit(chunk.strip()) for chunk in self.url.split(SEPARATOR)]
+        tls = dict(self.ssl)
         if self.master_name is not None:
             first = parts[0]
-            master: dict[str, Any] = {"db": _database(first)}
+            master: dict[str, Any] = {"db": _database(first), **tls}
             if first.username:
                 master["username"] = unquote(first.username)
             if first.password:
@@ -191,8 +234,87 @@ class LockServer:
             )
         if self.cluster:
             nodes = [(part.hostname or "", part.port or NODE_PORT) for part in parts[1:]]
-            return LoopClients.cluster(parts[0].geturl(), nodes=nodes)
-        return LoopClients(self.url)
+            return LoopClients.cluster(parts[0].geturl(), nodes=nodes, **tls)
+        return LoopClients(self.url, **tls)
+
+
+def _check_tls(url: str | None, options: Mapping[str, Any], source: str) -> None:
+    """Refuse TLS ``options`` (with ``url``) that redis-py's asyncio client cannot
+    follow, naming ``source``.
+
+    Raises:
+        ServerError: see ``redis_fifo_lock.clients.wants_tls``.
+    """
+    try:
+        wants_tls(url, options, source)
+    except (TypeError, ValueError) as exc:
+        raise ServerError(str(exc)) from None
+
+
+def _tls_options(
+    url: str, options: Mapping[str, Any], use_ssl: object
+) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """``url`` without its ``ssl_*`` query keys, and the TLS options of the lock
+    server: ``use_ssl`` (``broker_use_ssl``), then the URLs' ``ssl_*`` query keys,
+    then the ``ssl_*`` transport options (a later source wins).
+
+    Raises:
+        ServerError: naming the setting, for ``broker_use_ssl`` that is not a
+            dict of ``ssl_*`` options, an ``ssl_cert_reqs`` kombu does not know,
+            or options redis-py's asyncio client does not take.
+    """
+    tls: dict[str, Any] = {}
+    if use_ssl is True or (use_ssl and not isinstance(use_ssl, Mapping)):
+        raise ServerError(
+            f"broker_use_ssl is {use_ssl!r}: kombu's Redis transport needs a dict of ssl_* "
+            "options (and ignores anything else, so the broker would not use TLS); set it to "
+            "e.g. {'ssl_cert_reqs': ssl.CERT_REQUIRED, 'ssl_ca_certs': '/path/to/ca.pem'}, "
+            "or use a rediss:// URL"
+        )
+    if isinstance(use_ssl, Mapping):
+        others = sorted(str(key) for key in use_ssl if not str(key).startswith("ssl_"))
+        if others:
+            raise ServerError(
+                f"broker_use_ssl has {', '.join(others)}, which redis-py does not take; a "
+                "Redis broker's TLS options are ssl_* keys (ssl_cert_reqs, ssl_ca_certs, "
+                "ssl_certfile, ssl_keyfile...)"
+            )
+        _check_tls(None, use_ssl, "broker_use_ssl")
+        tls.update(use_ssl)
+    chunks = []
+    for chunk in url.split(SEPARATOR):
+        parts = urlsplit(chunk.strip())
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        for key, value in query:
+            if key.startswith("ssl_"):
+                tls[key] = _query_value(key, value)
+        rest = [(key, value) for key, value in query if not key.startswith("ssl_")]
+        chunks.append(urlunsplit(parts._replace(query=urlencode(rest))))
+    clean = SEPARATOR.join(chunks) if len(chunks) > 1 else chunks[0]
+    _check_tls(None, tls, f"{_shown(url)} (or broker_use_ssl)")
+    from_options = {key: value for key, value in options.items() if key.startswith("ssl_")}
+    _check_tls(None, from_options, "the transport options")
+    tls.update(from_options)
+    return clean, tuple(sorted(tls.items()))
+
+
+def _query_value(key: str, value: str) -> Any:
+    """An ``ssl_*`` value from a URL's query, as kombu reads it.
+
+    Raises:
+        ServerError: an ``ssl_cert_reqs`` kombu does not know.
+    """
+    if key == "ssl_check_hostname":
+        return value.lower() != "false"
+    if key == "ssl_cert_reqs":
+        try:
+            return parse_ssl_cert_reqs(value)
+        except KeyError:
+            raise ServerError(
+                f"ssl_cert_reqs={value!r} in the lock server's URL: use CERT_REQUIRED (or "
+                "required), CERT_OPTIONAL (optional) or CERT_NONE (none)"
+            ) from None
+    return value
 
 
 def _shown(url: str) -> str:

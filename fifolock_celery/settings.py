@@ -10,9 +10,15 @@ capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
                                   ``sentinel://`` (one or several).
 ``fifo_lock_transport_options``   Dict: ``master_name`` and ``sentinel_kwargs``
                                   for a ``sentinel://`` URL, ``"cluster": True``
-                                  for Redis Cluster nodes. Default: the
+                                  for Redis Cluster nodes, ``ssl_*`` TLS options
+                                  (any of them means TLS). Default: the
                                   ``broker_transport_options`` when the URL is the
-                                  broker's, else none.
+                                  broker's, else none. With the broker's URL,
+                                  ``broker_use_ssl`` applies too.
+``fifo_lock_namespace``           Put in front of every lock key (str), e.g. a
+                                  Django cache's ``KEY_PREFIX`` to share its
+                                  locks (``fifolock_django.lock_namespace()``).
+                                  Default "": none.
 ``fifo_lock_lease_ms``            Default ``lease_ms`` (int, ms). Default 60_000.
 ``fifo_lock_poll_ms``             Default ``poll_ms`` (int, ms). Default 30_000.
 ``fifo_lock_max_hold_ms``         Default ``max_hold_ms`` (int, ms). Default 1_800_000.
@@ -39,14 +45,19 @@ from celery import Celery
 from kombu.utils.url import maybe_sanitize_url
 
 from redis_fifo_lock import LockSettings, LockUsageError
+from redis_fifo_lock.settings import check_namespace
 
 from .server import LockServer, ServerError
 
 REDIS_URL_SETTING = "fifo_lock_redis_url"
 """App setting (str): Redis URL of the locks; default: a Redis ``broker_url``."""
 TRANSPORT_OPTIONS_SETTING = "fifo_lock_transport_options"
-"""App setting (dict): ``master_name``, ``sentinel_kwargs``, ``cluster`` of the lock
-server; default: ``broker_transport_options`` when the locks use the broker's URL."""
+"""App setting (dict): ``master_name``, ``sentinel_kwargs``, ``cluster`` and ``ssl_*``
+options of the lock server; default: ``broker_transport_options`` when the locks use
+the broker's URL."""
+NAMESPACE_SETTING = "fifo_lock_namespace"
+"""App setting (str): namespace in front of every lock key (see
+``redis_fifo_lock.FifoLock``); default "": none."""
 LEASE_MS_SETTING = "fifo_lock_lease_ms"
 """App setting (int, ms): default ``lease_ms`` of every task lock; default 60_000."""
 POLL_MS_SETTING = "fifo_lock_poll_ms"
@@ -131,12 +142,14 @@ class LockConfig:
         settings: the lock settings (``redis_fifo_lock.LockSettings``: lease_ms,
             poll_ms, max_hold_ms, replica_wait_ms in int milliseconds, and
             replicas).
+        namespace: the ``fifo_lock_namespace`` (str; "" for none).
 
     Build it with ``LockConfig.from_app``.
     """
 
     server: LockServer
     settings: LockSettings
+    namespace: str = ""
 
     @classmethod
     def from_app(
@@ -166,8 +179,9 @@ class LockConfig:
                 the setting.
             ValueError: naming the setting, for a value that is not a positive
                 int (``replicas``: an int of 0 or more), a combination
-                ``LockSettings`` refuses, or ``replicas`` above 0 with a Redis
-                Cluster server (which cannot wait for replicas).
+                ``LockSettings`` refuses, ``replicas`` above 0 with a Redis
+                Cluster server (which cannot wait for replicas), or a
+                ``fifo_lock_namespace`` the lock refuses.
         """
         overrides = {
             "lease_ms": lease_ms,
@@ -205,7 +219,11 @@ class LockConfig:
                 "wait for replicas (WAIT cannot follow the lock's script on its connection "
                 "there); set it to 0"
             )
-        return cls(server=server, settings=settings)
+        try:
+            namespace = check_namespace(app.conf.get(NAMESPACE_SETTING) or "")
+        except ValueError as exc:
+            raise ValueError(f"FIFO lock {lock_name!r}: {NAMESPACE_SETTING}: {exc}") from None
+        return cls(server=server, settings=settings, namespace=namespace)
 
 
 def _redis_broker(broker: object) -> bool:
@@ -242,16 +260,21 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
     url: Any = app.conf.get(REDIS_URL_SETTING)
     options: Any = app.conf.get(TRANSPORT_OPTIONS_SETTING)
     source = f"{REDIS_URL_SETTING}, {TRANSPORT_OPTIONS_SETTING}"
+    use_ssl: object = None
     if url is not None:
         if not isinstance(url, str) or not url:
             raise LockUsageError(
                 lock_name,
                 f"{REDIS_URL_SETTING} must be a Redis URL (str), got {type(url).__name__}",
             )
-        if options is None and url == app.conf.broker_url:
-            # The broker's server named again: its transport options go with it.
-            options = app.conf.broker_transport_options
-            source = f"{REDIS_URL_SETTING} (the broker_url), broker_transport_options"
+        if url == app.conf.broker_url:
+            # The broker's server named again: its TLS (and by default its
+            # transport options) go with it.
+            use_ssl = app.conf.broker_use_ssl
+            transport = TRANSPORT_OPTIONS_SETTING
+            if options is None:
+                options, transport = app.conf.broker_transport_options, "broker_transport_options"
+            source = f"{REDIS_URL_SETTING} (the broker_url), broker_use_ssl, {transport}"
     else:
         url = app.conf.broker_url
         if not _redis_broker(url):
@@ -263,11 +286,16 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
                 f"namespace); broker_url {shown} is not a single redis:// or rediss:// URL "
                 "nor a list of sentinel:// URLs, so it cannot be the default",
             )
+        use_ssl = app.conf.broker_use_ssl
+        source = f"broker_url, broker_use_ssl, {TRANSPORT_OPTIONS_SETTING}"
         if options is None:
             options = app.conf.broker_transport_options
-            source = f"broker_url, broker_transport_options (or {TRANSPORT_OPTIONS_SETTING})"
+            source = (
+                f"broker_url, broker_use_ssl, broker_transport_options "
+                f"(or {TRANSPORT_OPTIONS_SETTING})"
+            )
     try:
-        return LockServer.parse(url, options)
+        return LockServer.parse(url, options, use_ssl)
     except ServerError as exc:
         raise LockUsageError(
             lock_name,

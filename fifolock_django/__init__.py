@@ -5,8 +5,9 @@
   are cache keys (``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` apply):
   ``fifolock_django.cache.RedisCache`` (django-redis) and
   ``fifolock_django.builtin.RedisCache`` (Django's own Redis backend).
-- ``fifolock_django.lock_name(name, cache=None)``: the Redis name of that lock,
-  for code that takes it through the core or ``fifolock_celery``.
+- ``fifolock_django.lock_name(name, cache=None)`` and ``lock_namespace(cache=None)``:
+  the Redis name and namespace (the ``KEY_PREFIX``, in front of every lock key)
+  of that lock, for code that takes it through the core or ``fifolock_celery``.
 - ``fifolock_django.commands.fifo_locked_command``: serve the runs of a
   management command one after another, in arrival order.
 - ``manage.py fifolock status NAME`` and ``manage.py fifolock run NAME --
@@ -19,6 +20,6 @@
 Importing the package needs neither configured settings nor django-redis.
 """
 
-from .lock import lock_name
+from .lock import lock_name, lock_namespace
 
-__all__ = ["lock_name"]
+__all__ = ["lock_name", "lock_namespace"]

@@ -16,7 +16,8 @@ Django's backend passes ``OPTIONS`` (less ``serializer``, ``pool_class`` and
 writes to the first server of ``LOCATION``; the lock does the same with its
 ``redis.asyncio`` clients (one per event loop, shared by every backend instance
 in the process), minus the options that only fit the sync client
-(``SYNC_ONLY_OPTIONS``). This module does not need django-redis.
+(``SYNC_ONLY_OPTIONS``). A ``connection_class`` that speaks TLS (a subclass of
+redis-py's ``SSLConnection``) makes the lock use TLS too. This module does not need django-redis.
 
 Django's backend speaks to one server (or a primary and its replicas) only: it
 has no Sentinel or Redis Cluster support, and neither has the lock on it. For
@@ -33,7 +34,7 @@ from typing import Any
 from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
-from .connection import LockConnection, check_location
+from .connection import LockConnection, check_location, lock_kwargs
 from .lock import FifoLockMixin
 
 SYNC_ONLY_OPTIONS = frozenset(
@@ -71,9 +72,12 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
     Returns:
         the first URL's server, with ``options`` less ``SYNC_ONLY_OPTIONS`` as
         connection kwargs. As with Django, a db or password in the URL wins.
+        TLS as the cache: a ``rediss://`` URL, ``ssl_*`` options or a
+        ``connection_class`` that is an ``SSLConnection``.
 
     Raises:
-        ImproperlyConfigured: for an empty ``LOCATION``, a Sentinel
+        ImproperlyConfigured: for TLS options the lock cannot follow (see
+            ``fifolock_django.connection.lock_kwargs``), an empty ``LOCATION``, a Sentinel
             ``pool_class`` or a ``FIFOLOCK_CLUSTER`` option: Django's backend
             supports neither Sentinel nor Redis Cluster (the message names
             the django-redis backend, which does).
@@ -97,8 +101,7 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
             "'fifolock_django.cache.RedisCache' (django-redis) with OPTIONS "
             "{'FIFOLOCK_CLUSTER': True}"
         )
-    kwargs = {key: value for key, value in options.items() if key not in SYNC_ONLY_OPTIONS}
-    return LockConnection.server(url, **kwargs)
+    return LockConnection.server(url, **lock_kwargs(url, options, "OPTIONS", SYNC_ONLY_OPTIONS))
 
 
 class RedisCache(FifoLockMixin, BuiltinRedisCache):

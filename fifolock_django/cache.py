@@ -16,9 +16,9 @@ django-redis writes) with the cache's ``USERNAME``, ``PASSWORD``,
 ``SOCKET_TIMEOUT``, ``SOCKET_CONNECT_TIMEOUT`` and ``CONNECTION_POOL_KWARGS``
 (less the sync-only ones in ``SYNC_ONLY_POOL_KWARGS``), over its own
 ``redis.asyncio`` clients (one per event loop, shared by every backend instance
-in the process). TLS comes with a ``rediss://`` URL and the ``ssl_*`` pool
-kwargs. ``close()`` - which Django calls after every request - leaves those
-clients alone.
+in the process). TLS comes as for the cache: a ``rediss://`` URL, the ``ssl_*``
+pool kwargs, or a ``connection_class`` that is redis-py's ``SSLConnection``.
+``close()`` - which Django calls after every request - leaves those clients alone.
 
 Sentinel: a cache in django-redis's Sentinel form locks on the master of its
 service, found through the same sentinels::
@@ -54,14 +54,14 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.cluster import RedisCluster
 
-from .connection import LockConnection, check_location, node_address, shown_url
+from .connection import LockConnection, check_location, lock_kwargs, node_address, shown_url
 from .lock import FifoLockMixin
 
 SYNC_ONLY_POOL_KWARGS = frozenset(
     {"connection_class", "parser_class", "retry", "redis_connect_func"}
 )
 """``CONNECTION_POOL_KWARGS`` that only fit redis-py's sync client; the lock's
-asyncio clients ignore them."""
+asyncio clients ignore them (a TLS ``connection_class`` still makes the lock use TLS)."""
 
 CLUSTER_OPTION = "FIFOLOCK_CLUSTER"
 """``OPTIONS`` key (bool): the cache's server is a Redis Cluster. Default: whether
@@ -145,13 +145,21 @@ def _uses_cluster(options: dict[str, Any]) -> bool:
     return flag
 
 
-def _base_kwargs(options: dict[str, Any]) -> dict[str, Any]:
-    """The connection kwargs that ``OPTIONS`` gives every topology."""
-    kwargs: dict[str, Any] = {
-        key: value
-        for key, value in options.get("CONNECTION_POOL_KWARGS", {}).items()
-        if key not in SYNC_ONLY_POOL_KWARGS
-    }
+def _base_kwargs(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The connection kwargs that ``OPTIONS`` gives every topology (``url``: the
+    first ``LOCATION``), with ``ssl=True`` when the pool's ``connection_class``
+    speaks TLS.
+
+    Raises:
+        ImproperlyConfigured: TLS options the lock cannot follow (see
+            ``fifolock_django.connection.lock_kwargs``).
+    """
+    kwargs = lock_kwargs(
+        url,
+        options.get("CONNECTION_POOL_KWARGS", {}),
+        "OPTIONS['CONNECTION_POOL_KWARGS']",
+        SYNC_ONLY_POOL_KWARGS,
+    )
     for option, kwarg in (
         ("USERNAME", "username"),
         ("PASSWORD", "password"),
@@ -282,7 +290,7 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
     urls = [server.strip() for server in servers if server.strip()]
     if not urls:
         raise ImproperlyConfigured("a cache with fifo_lock() needs a Redis URL in LOCATION")
-    kwargs = _base_kwargs(options)
+    kwargs = _base_kwargs(urls[0], options)
     sentinel = _uses_sentinel(options)
     cluster = _uses_cluster(options)
     if sentinel and cluster:

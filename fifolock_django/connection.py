@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+from redis.asyncio.connection import AbstractConnection as AsyncAbstractConnection
+from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+from redis.connection import AbstractConnection, SSLConnection
 
 from redis_fifo_lock import LoopClients
+from redis_fifo_lock.clients import wants_tls
 from redis_fifo_lock.connection import check_url, masked_kwargs, masked_url
 
 Topology = Literal["server", "sentinel", "cluster"]
@@ -55,6 +59,61 @@ def check_location(location: object) -> None:
                 check_url(url.strip() if isinstance(url, str) else url, "LOCATION")
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"a cache with fifo_lock(): {exc}") from exc
+
+
+def speaks_tls(setting: str, connection_class: object) -> bool:
+    """Whether the redis-py ``connection_class`` a cache is configured with speaks
+    TLS (a subclass of ``SSLConnection``, sync or asyncio), so the lock must too.
+
+    Args:
+        setting: where it was set, for the message (e.g. ``"OPTIONS"``).
+        connection_class: the configured value.
+
+    Raises:
+        ImproperlyConfigured: naming ``setting``, for a value that is no redis-py
+            connection class (such as a dotted path, which redis-py does not import).
+    """
+    if isinstance(connection_class, type):
+        if issubclass(connection_class, (SSLConnection, AsyncSSLConnection)):
+            return True
+        if issubclass(connection_class, (AbstractConnection, AsyncAbstractConnection)):
+            return False
+    raise ImproperlyConfigured(
+        f"{setting}['connection_class'] is {connection_class!r}, not a redis-py connection "
+        "class, so the FIFO lock cannot tell whether it must use TLS; give the class itself "
+        "(redis.connection.SSLConnection for TLS), or use a rediss:// LOCATION instead"
+    )
+
+
+def lock_kwargs(
+    url: str | None, options: Mapping[str, Any], setting: str, sync_only: frozenset[str]
+) -> dict[str, Any]:
+    """The lock's ``redis.asyncio`` connection kwargs from a cache's pool kwargs.
+
+    Args:
+        url: the server's URL, or None (for the checks only).
+        options: redis-py pool kwargs (``OPTIONS`` of Django's backend,
+            ``CONNECTION_POOL_KWARGS`` of django-redis').
+        setting: how the user spells ``options``, for messages.
+        sync_only: keys to leave out (they only fit the sync client).
+
+    Returns:
+        ``options`` less ``sync_only``, with ``ssl=True`` when their
+        ``connection_class`` speaks TLS: the lock then uses TLS too.
+
+    Raises:
+        ImproperlyConfigured: naming ``setting``, for a ``connection_class``
+            that is not a class, an ``ssl_*`` option ``redis.asyncio`` does not
+            take, or contradicting TLS options (see ``LoopClients``).
+    """
+    kwargs = {key: value for key, value in options.items() if key not in sync_only}
+    if "connection_class" in options and speaks_tls(setting, options["connection_class"]):
+        kwargs["ssl"] = True
+    try:
+        wants_tls(url, kwargs, setting)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    return kwargs
 
 
 @dataclass(frozen=True)

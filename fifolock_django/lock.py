@@ -38,7 +38,7 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.lock import check_timeout
-from redis_fifo_lock.settings import MAX_NAME_BYTES, check_name, shown_value
+from redis_fifo_lock.settings import MAX_NAME_BYTES, check_name, check_namespace, shown_value
 
 from .conf import SETTING, fifolock_settings
 from .connection import LockConnection, shared_clients
@@ -99,9 +99,11 @@ class CacheFifoLock:
         settings: the lock's ``LockSettings`` (``lease_ms``, ``poll_ms``,
             ``max_hold_ms``, ``replicas``, ``replica_wait_ms``), given whole to
             the core's lock.
+        namespace: put in front of the lock's keys (str, default "": none), the
+            cache's ``KEY_PREFIX`` (see ``namespace_of``).
 
     Raises:
-        ValueError: for a bad ``name`` or ``timeout``.
+        ValueError: for a bad ``name``, ``timeout`` or ``namespace``.
 
     Entering raises ``LockTimeout`` (a ``TimeoutError``; ``.waited`` in seconds,
     ``.holder_fence``) when ``timeout`` runs out, and ``RedisUnavailable`` when
@@ -122,9 +124,15 @@ class CacheFifoLock:
     """
 
     def __init__(
-        self, clients: LoopClients, name: str, timeout: float | None, settings: LockSettings
+        self,
+        clients: LoopClients,
+        name: str,
+        timeout: float | None,
+        settings: LockSettings,
+        namespace: str = "",
     ) -> None:
         self.name = check_name(name)
+        self.namespace = check_namespace(namespace)
         self.timeout = check_timeout(timeout)
         self.settings = settings
         self.clients = clients
@@ -136,13 +144,15 @@ class CacheFifoLock:
     def sync_lock(self) -> SyncFifoLock:
         """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
         # Every field of the settings, so that none can be dropped on the way.
-        return SyncFifoLock(self.clients, self.name, **asdict(self.settings))
+        return SyncFifoLock(
+            self.clients, self.name, namespace=self.namespace, **asdict(self.settings)
+        )
 
     def async_lock(self) -> FifoLock:
         """The core's ``FifoLock`` for this lock; each call uses the running event
         loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
-        return FifoLock(self.clients, self.name, **asdict(self.settings))
+        return FifoLock(self.clients, self.name, namespace=self.namespace, **asdict(self.settings))
 
     # --- acquire and release in different places --------------------------------------
 
@@ -333,7 +343,10 @@ class FifoLockMixin(BaseCache):
             name: what the lock guards (str, no ``{``/``}``). The Redis lock name
                 is ``self.make_key(name, version)``, so locks of caches with
                 different ``KEY_PREFIX``, ``VERSION`` or ``KEY_FUNCTION`` never
-                collide; keys look like ``fifolock:{<prefix>:<version>:<name>}:queue``.
+                collide. The keys also start with the ``KEY_PREFIX`` (so an
+                ACL key pattern ``~<prefix>:*`` covers them):
+                ``<prefix>:fifolock:{<prefix>:<version>:<name>}:queue``, or
+                ``fifolock:{:<version>:<name>}:queue`` without a prefix.
             timeout: seconds (float) to wait when entering; None (default)
                 waits forever, 0 tries once.
             version: cache key version (int); default the cache's ``VERSION``.
@@ -416,6 +429,25 @@ def lock_key(cache: BaseCache, name: str, version: int | None = None) -> str:
     ) from None
 
 
+def namespace_of(cache: BaseCache) -> str:
+    """The namespace of ``cache``'s locks: its ``KEY_PREFIX`` ("" when unset), put
+    in front of every lock key and channel, so that they fall under the cache's
+    own key pattern.
+
+    Raises:
+        ImproperlyConfigured: ``KEY_PREFIX`` cannot be a lock namespace (braces,
+            control characters, over 256 bytes); the message names it.
+    """
+    prefix = str(cache.key_prefix)
+    try:
+        return check_namespace(prefix)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"the cache's KEY_PREFIX cannot prefix FIFO lock keys ({exc}); change KEY_PREFIX "
+            "in the cache's CACHES entry"
+        ) from exc
+
+
 def cache_lock(
     cache: BaseCache,
     connection: LockConnection,
@@ -432,20 +464,23 @@ def cache_lock(
     """Build the ``CacheFifoLock`` that a backend's ``fifo_lock()`` returns.
 
     The lock name given to the core is ``lock_key(cache, name, version)``, its
-    connections ``shared_clients(connection)``. Each lock option left None
-    takes its ``FIFOLOCK`` value, read now: ``lease_ms``, ``poll_ms``,
-    ``max_hold_ms``, ``replica_wait_ms`` (int milliseconds) and ``replicas``
-    (int). Nothing touches Redis here.
+    namespace ``namespace_of(cache)``, its connections
+    ``shared_clients(connection)``. Each lock option left None takes its
+    ``FIFOLOCK`` value, read now: ``lease_ms``, ``poll_ms``, ``max_hold_ms``,
+    ``replica_wait_ms`` (int milliseconds) and ``replicas`` (int). Nothing
+    touches Redis here.
 
     Raises:
         ValueError: for a bad ``name``, ``timeout`` or lock option (the message
             names it), or ``replicas`` above 0 when ``connection`` is a Redis
             Cluster.
         ImproperlyConfigured: when ``FIFOLOCK`` is invalid (or its ``REPLICAS``
-            is above 0 and ``connection`` is a Redis Cluster), or the cache's
-            key function turns a valid ``name`` into an invalid lock name.
+            is above 0 and ``connection`` is a Redis Cluster), the cache's
+            key function turns a valid ``name`` into an invalid lock name, or
+            its ``KEY_PREFIX`` cannot be a namespace.
     """
     key = lock_key(cache, name, version)
+    namespace = namespace_of(cache)
     given = {
         "lease_ms": lease_ms,
         "poll_ms": poll_ms,
@@ -469,7 +504,7 @@ def cache_lock(
             f"{SETTING}['REPLICAS'] is {settings.replicas}, but {why}; set "
             f"{SETTING}['REPLICAS'] to 0, or pass replicas=0 to this cache's fifo_lock() calls"
         )
-    return CacheFifoLock(shared_clients(connection), key, timeout, settings)
+    return CacheFifoLock(shared_clients(connection), key, timeout, settings, namespace)
 
 
 def lock_cache(alias: str | None = None) -> SupportsFifoLock:
@@ -508,7 +543,9 @@ def lock_name(name: str, cache: str | None = None, *, version: int | None = None
         @fifo_locked(lock_name("invoices"))   # same lock as cache.fifo_lock("invoices")
         def issue(): ...
 
-    (The Celery side must also connect to the same Redis server and database:
+    (With a ``KEY_PREFIX``, pass ``namespace=lock_namespace()`` too, or set
+    ``CELERY_FIFO_LOCK_NAMESPACE`` to it: the keys start with the prefix. The
+    Celery side must also connect to the same Redis server and database:
     ``CELERY_FIFO_LOCK_REDIS_URL`` should be the cache's ``LOCATION``; for a
     Sentinel or Redis Cluster cache, the same sentinels and service, or nodes,
     in Celery's form - see ``fifolock_celery.server``.)
@@ -530,3 +567,25 @@ def lock_name(name: str, cache: str | None = None, *, version: int | None = None
     if not isinstance(backend, BaseCache):
         raise ImproperlyConfigured(f"cache {cache!r} is not a Django cache backend")
     return lock_key(backend, name, version)
+
+
+def lock_namespace(cache: str | None = None) -> str:
+    """The namespace of the locks of ``caches[cache]``: its ``KEY_PREFIX``.
+
+    Give it, with ``lock_name()``, to code that uses the core (``namespace=``)
+    or the Celery integration (``fifo_lock_namespace``), so that it takes the
+    very same lock as ``cache.fifo_lock()``.
+
+    Args:
+        cache: alias (str) in ``CACHES``; default ``FIFOLOCK['CACHE']``.
+
+    Returns:
+        the cache's ``KEY_PREFIX`` (str), "" when it has none.
+
+    Raises:
+        ImproperlyConfigured: as ``lock_cache`` and ``namespace_of``.
+    """
+    backend = lock_cache(cache)
+    if not isinstance(backend, BaseCache):
+        raise ImproperlyConfigured(f"cache {cache!r} is not a Django cache backend")
+    return namespace_of(backend)

@@ -12,14 +12,17 @@ builds a new one after ``fork()``, and closes each client when its loop closes.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import Sentinel
 
 from .connection import check_url, masked_kwargs, masked_url
@@ -77,6 +80,70 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+SSL_OPTIONS = frozenset(
+    name for name in inspect.signature(SSLConnection.__init__).parameters if name.startswith("ssl_")
+)
+"""The ``ssl_*`` keyword arguments that ``redis.asyncio``'s ``SSLConnection`` takes
+(they vary with the redis-py version; the sync client takes a few more)."""
+
+
+def wants_tls(url: str | None, kwargs: Mapping[str, Any], where: str = "LoopClients") -> bool:
+    """Whether ``url`` and the connection ``kwargs`` ask for TLS: a ``rediss://``
+    URL, ``ssl=True``, or any ``ssl_*`` option (an ``ssl_ca_certs`` is never
+    ignored, so the password never goes out in clear by mistake).
+
+    Args:
+        url: the server's URL, or None.
+        kwargs: the connection keyword arguments.
+        where: what to name in error messages (str); default "LoopClients".
+
+    Raises:
+        TypeError: an ``ssl_*`` option ``redis.asyncio`` does not take (the
+            message names it).
+        ValueError: ``ssl=False`` together with ``rediss://`` or ``ssl_*``
+            options, or TLS asked for on a unix socket.
+    """
+    options = sorted(key for key in kwargs if key.startswith("ssl_"))
+    unknown = [key for key in options if key not in SSL_OPTIONS]
+    if unknown:
+        raise TypeError(
+            f"{where}: redis.asyncio's SSLConnection takes no {', '.join(unknown)} (only "
+            f"{', '.join(sorted(SSL_OPTIONS))}); remove it from the lock's connection options"
+        )
+    scheme = urlsplit(url).scheme if url is not None else ""
+    asked = [f"{scheme}://"] if scheme == "rediss" else []
+    asked += options
+    if kwargs.get("ssl") is False and asked:
+        raise ValueError(
+            f"{where}: ssl=False contradicts {', '.join(asked)}; drop ssl=False to use TLS, "
+            "or the others to connect without it"
+        )
+    tls = bool(asked) or kwargs.get("ssl") is True
+    if tls and (scheme == "unix" or kwargs.get("unix_socket_path")):
+        raise ValueError(
+            f"{where}: TLS (ssl=True, rediss:// or ssl_* options) cannot be used on a unix "
+            "socket; connect over TCP with a rediss:// URL, or drop the TLS options"
+        )
+    return tls
+
+
+def tls_kwargs(url: str | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with TLS made explicit for ``Redis.from_url(url)`` (or ``Redis()``
+    when ``url`` is None), ``RedisCluster`` and Sentinel master pools: ``ssl=True``
+    when ``wants_tls``, and on a ``redis://`` URL (whose pool takes no ``ssl``)
+    ``connection_class=SSLConnection`` instead.
+
+    Raises:
+        TypeError, ValueError: as ``wants_tls``.
+    """
+    result = dict(kwargs)
+    if not wants_tls(url, kwargs):
+        return result
+    result["ssl"] = True
+    if url is not None and urlsplit(url).scheme in ("redis", "rediss"):
+        del result["ssl"]
+        result.setdefault("connection_class", SSLConnection)
+    return result
 
 
 class LoopClients:
@@ -91,12 +158,17 @@ class LoopClients:
             build the usual factories.
         **connection_kwargs: passed to ``Redis.from_url`` (or ``Redis``), e.g.
             ``password``, ``db``, ``ssl``, ``socket_timeout``, ``max_connections``.
+            TLS is used with a ``rediss://`` URL, ``ssl=True`` or any ``ssl_*``
+            option (``ssl_ca_certs``, ``ssl_cert_reqs``...), also on a
+            ``redis://`` URL.
 
     Raises:
         TypeError: ``factory`` given together with ``url`` or connection kwargs,
             none of the three given, ``url`` not a str or ``factory`` not callable.
         ValueError: ``url`` is not a ``redis://``, ``rediss://`` or ``unix://``
             URL (see ``redis_fifo_lock.connection.check_url``).
+            or an ``ssl_*`` option ``redis.asyncio`` does not take.
+        ValueError: ``ssl=False`` with other TLS options, or TLS on a unix socket.
 
     ``client()`` must be called on a running loop. The cache is keyed by the
     loop (weakly) and the process id: a forked child never uses its parent's
@@ -125,6 +197,7 @@ class LoopClients:
             )
         self.url = None if url is None else check_url(url, "url")
         self.connection_kwargs = connection_kwargs
+        self._build_kwargs = tls_kwargs(url, connection_kwargs) if factory is None else {}
         self.is_cluster = False
         """True when built by ``cluster()``: the clients are ``RedisCluster``."""
         self._factory = factory or self._plain
@@ -151,20 +224,24 @@ class LoopClients:
             url: a node's URL (str), or None.
             nodes: more startup nodes; default none.
             **connection_kwargs: other ``RedisCluster`` arguments (``password``,
-                ``ssl``, ``socket_timeout``...).
+                ``ssl``, ``socket_timeout``...); ``ssl_*`` options imply ``ssl=True``.
 
         Raises:
             TypeError: neither ``url`` nor ``nodes`` given, or ``url`` not a str.
             ValueError: ``url`` is not a ``redis://`` or ``rediss://`` URL.
+            TypeError: neither ``url`` nor ``nodes`` given; an ``ssl_*`` option
+                ``redis.asyncio`` does not take.
+            ValueError: ``ssl=False`` with other TLS options.
         """
         addresses = [(str(host), int(port)) for host, port in nodes]
         if url is None and not addresses:
             raise TypeError("LoopClients.cluster() needs a node URL or nodes")
         if url is not None:
             check_url(url, "url", ("redis", "rediss"))
+        tls = wants_tls(url, connection_kwargs, "LoopClients.cluster()")
 
         def build() -> AsyncClient:
-            kwargs = dict(connection_kwargs)
+            kwargs = dict(connection_kwargs, ssl=True) if tls else dict(connection_kwargs)
             if addresses:
                 kwargs["startup_nodes"] = [ClusterNode(host, port) for host, port in addresses]
             if url is not None:
@@ -192,19 +269,31 @@ class LoopClients:
             sentinels: the sentinels' ``(host, port)`` addresses.
             service_name: the master's name in the sentinels' configuration.
             sentinel_kwargs: connection options for the sentinels themselves
-                (e.g. their ``password``); default None (none).
+                (e.g. their ``password``, ``ssl``); default None (none).
             **connection_kwargs: connection options for the master (``password``,
                 ``db``, ``ssl``, ``socket_timeout``...).
+
+        In both, ``ssl_*`` options imply ``ssl=True`` (TLS).
+
+        Raises:
+            TypeError: an ``ssl_*`` option ``redis.asyncio`` does not take.
+            ValueError: ``ssl=False`` with ``ssl_*`` options.
 
         Each loop gets its own ``redis.asyncio.sentinel.Sentinel`` and master
         client. After a failover the client reconnects to the new master; see
         the README for what that means for held leases.
         """
         addresses = [(str(host), int(port)) for host, port in sentinels]
+        master_kwargs = dict(connection_kwargs)
+        if wants_tls(None, master_kwargs, "LoopClients.sentinel() (master)"):
+            master_kwargs["ssl"] = True
+        own_kwargs = None if sentinel_kwargs is None else dict(sentinel_kwargs)
+        if own_kwargs is not None and wants_tls(None, own_kwargs, "sentinel_kwargs"):
+            own_kwargs["ssl"] = True
 
         def build() -> AsyncClient:
             manager = Sentinel(  # type: ignore[no-untyped-call]
-                addresses, sentinel_kwargs=sentinel_kwargs, **connection_kwargs
+                addresses, sentinel_kwargs=own_kwargs, **master_kwargs
             )
             master: Redis = manager.master_for(service_name)
             return master
@@ -247,8 +336,8 @@ class LoopClients:
 
     def _plain(self) -> AsyncClient:
         if self.url is not None:
-            return Redis.from_url(self.url, **self.connection_kwargs)
-        return Redis(**self.connection_kwargs)
+            return Redis.from_url(self.url, **self._build_kwargs)
+        return Redis(**self._build_kwargs)
 
     async def _close(self, loop: asyncio.AbstractEventLoop) -> None:
         client = self._clients.pop(loop, None)

@@ -43,7 +43,7 @@ from .protocol import (
     LockKeys,
     Protocol,
 )
-from .settings import LockSettings, check_name, shown_value
+from .settings import LockSettings, check_name, check_namespace, shown_value
 from .waiting import Hub, Waiter, WaitGroup, hub_for
 
 log = logging.getLogger("redis_fifo_lock")
@@ -155,9 +155,13 @@ class FifoLock:
             grant that is not acknowledged. Not for Redis Cluster.
         replica_wait_ms: milliseconds to wait for those acknowledgements
             (default None: a tenth of ``lease_ms``, at most 1000).
+        namespace: put in front of every key and channel of the lock (str,
+            default "": none): ``<namespace>:fifolock:{<name>}:<part>``, e.g. a
+            tenant's key prefix for an ACL key pattern. Locks share a lock only
+            with the same name and namespace. See ``check_namespace``.
 
     Raises:
-        ValueError: naming the setting, for a bad name or settings, or
+        ValueError: naming the setting, for a bad name, namespace or settings, or
             ``replicas`` with a ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
@@ -183,6 +187,7 @@ class FifoLock:
         max_hold_ms: int = 1_800_000,
         replicas: int = 0,
         replica_wait_ms: int | None = None,
+        namespace: str = "",
     ) -> None:
         self.name = check_name(name)
         if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
@@ -209,7 +214,7 @@ class FifoLock:
         )
         self.clients = redis_client if isinstance(redis_client, LoopClients) else None
         self._client = None if isinstance(redis_client, LoopClients) else redis_client
-        self.keys = LockKeys(self.name)
+        self.keys = LockKeys(self.name, check_namespace(namespace))
         self._protocol: Protocol = PROTOCOL.acknowledged(
             self.settings.replicas, self.settings.ack_wait_ms
         )

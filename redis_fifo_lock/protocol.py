@@ -43,7 +43,8 @@ _NON_LOCAL_KEY = "Script attempted to access a non local key"
 key it does not have while the key's slot is migrating (Redis 7 wording)."""
 
 KEY_PREFIX = "fifolock"
-"""Prefix of every key and channel the lock uses: ``fifolock:{<name>}:<part>``."""
+"""Prefix of every key and channel the lock uses: ``fifolock:{<name>}:<part>``, or
+``<namespace>:fifolock:{<name>}:<part>`` with a namespace."""
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,18 @@ class LockKeys:
     """Names of the lock's keys and doorbell channel, all sharing one hash tag.
 
     ``{<name>}`` is the Redis Cluster hash tag, so every key lands in one slot.
+    ``namespace`` (str, default "": none), checked by the lock, goes in front
+    of every key and channel, so that an ACL key pattern such as ``~tenantA:*``
+    covers them.
     """
 
     name: str
+    namespace: str = ""
 
     def key(self, part: str) -> str:
         """The full Redis key for ``part`` (e.g. ``"queue"``) of this lock."""
-        return f"{KEY_PREFIX}:{{{self.name}}}:{part}"
+        prefix = f"{self.namespace}:{KEY_PREFIX}" if self.namespace else KEY_PREFIX
+        return f"{prefix}:{{{self.name}}}:{part}"
 
     @cached_property
     def all(self) -> list[str]:

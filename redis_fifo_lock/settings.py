@@ -19,6 +19,8 @@ SHOWN_CHARS = 50
 
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = SHOWN_CHARS
+MAX_NAMESPACE_BYTES = 256
+"""Longest lock ``namespace`` accepted, in bytes of UTF-8."""
 
 MAX_MS = 31_536_000_000
 """Largest duration accepted for any setting: 365 days, in milliseconds. (The
@@ -87,6 +89,35 @@ def check_name(name: object) -> str:
             f"{MAX_NAME_BYTES}: use a shorter name"
         )
     return name
+
+
+def check_namespace(namespace: object) -> str:
+    """Return ``namespace`` if it can go in front of a lock's keys, else raise
+    ``ValueError`` saying why.
+
+    A namespace is a ``str`` ("" for none) of at most ``MAX_NAMESPACE_BYTES``
+    UTF-8 bytes with no ``{`` or ``}`` (the lock name must stay the keys' only
+    hash tag) and no control characters.
+    """
+    if not isinstance(namespace, str):
+        raise ValueError(
+            f"lock namespace must be a str, got {type(namespace).__name__}: {namespace!r}"
+        )
+    size = len(namespace.encode("utf-8", errors="replace"))
+    if size > MAX_NAMESPACE_BYTES:
+        raise ValueError(
+            f"lock namespace {namespace[:40]!r}... is {size} bytes long; the limit is "
+            f"{MAX_NAMESPACE_BYTES}"
+        )
+    for brace in "{}":
+        if brace in namespace:
+            raise ValueError(
+                f"lock namespace {namespace!r} contains {brace!r}: the lock name must stay "
+                "the only Redis Cluster hash tag of the lock's keys"
+            )
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in namespace):
+        raise ValueError(f"lock namespace {namespace!r} contains control characters")
+    return namespace
 
 
 def _positive_ms(setting: str, value: object) -> int:

@@ -19,7 +19,7 @@ from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
 from .protocol import AsyncClient
-from .settings import check_name
+from .settings import check_name, check_namespace
 
 
 class SyncFifoLock:
@@ -31,10 +31,11 @@ class SyncFifoLock:
         name: the lock name (str), as for ``FifoLock``.
         lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for
             ``FifoLock`` (see ``LockSettings``).
+        namespace: as for ``FifoLock`` (str, default "": none).
 
     Raises:
-        ValueError: naming the setting, for a bad name or settings, or a URL
-            that is not ``redis://``, ``rediss://`` or ``unix://``.
+        ValueError: naming the setting, for a bad name, namespace or settings, or a
+            URL that is not ``redis://``, ``rediss://`` or ``unix://``.
         TypeError: ``connection`` is neither a str nor a ``LoopClients``.
 
     Methods mirror ``FifoLock`` without ``await``; ``timeout`` is in seconds.
@@ -51,8 +52,10 @@ class SyncFifoLock:
         max_hold_ms: int = 1_800_000,
         replicas: int = 0,
         replica_wait_ms: int | None = None,
+        namespace: str = "",
     ) -> None:
         self.name = check_name(name)
+        self.namespace = check_namespace(namespace)
         if isinstance(connection, LoopClients):
             self.clients = connection
         elif isinstance(connection, str):
@@ -81,7 +84,10 @@ class SyncFifoLock:
         client = self.clients.client()
         core = self._core
         if core is None or core[0] is not client:
-            core = self._core = (client, FifoLock(client, self.name, **asdict(self.settings)))
+            core = self._core = (
+                client,
+                FifoLock(client, self.name, namespace=self.namespace, **asdict(self.settings)),
+            )
         return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:

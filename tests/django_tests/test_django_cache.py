@@ -21,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import AsyncClient, Client, override_settings
 from django_app import settings as project
 from django_app.testing import assert_served_one_at_a_time, get_json, url_with_db
-from redis import Redis
+from redis import Connection, Redis
 from redis.asyncio.connection import SSLConnection
 
 import fifolock_django
@@ -109,15 +109,15 @@ async def test_sync_views_in_threads_and_async_views_on_the_loop_are_served_one_
 
 def test_lock_keys_carry_the_cache_key_prefix_and_version(any_backend: str, redis: Redis) -> None:
     with caches["default"].fifo_lock("reports") as lease:
-        held_keys = {key.decode() for key in redis.keys("fifolock:*")}
+        held_keys = {key.decode() for key in redis.keys("tests:fifolock:*")}
     with caches["default"].fifo_lock("reports", version=7) as other_version:
         pass
 
     assert lease.name == "tests:3:reports"
-    assert "fifolock:{tests:3:reports}:lease" in held_keys
-    assert all(key.startswith("fifolock:{tests:3:reports}:") for key in held_keys)
+    assert "tests:fifolock:{tests:3:reports}:lease" in held_keys
+    assert all(key.startswith("tests:fifolock:{tests:3:reports}:") for key in held_keys)
     assert other_version.name == "tests:7:reports"
-    assert redis.exists("fifolock:{tests:7:reports}:fences")
+    assert redis.exists("tests:fifolock:{tests:7:reports}:fences")
 
 
 def test_lock_names_go_through_the_cache_s_key_function(any_backend: str, redis_url: str) -> None:
@@ -188,7 +188,13 @@ def test_lock_name_is_the_redis_name_of_the_cache_s_lock(redis_url: str, redis: 
     with override_settings(CACHES=caches_setting):
         assert fifolock_django.lock_name("invoices") == "tests:3:invoices"
         assert fifolock_django.lock_name("invoices", "other", version=9) == "other:9:invoices"
-        core = SyncFifoLock(redis_url, fifolock_django.lock_name("invoices"))
+        assert fifolock_django.lock_namespace() == "tests"
+        assert fifolock_django.lock_namespace("other") == "other"
+        core = SyncFifoLock(
+            redis_url,
+            fifolock_django.lock_name("invoices"),
+            namespace=fifolock_django.lock_namespace(),
+        )
         with core.hold() as held, pytest.raises(LockTimeout) as info:
             caches["default"].fifo_lock("invoices", timeout=0).acquire()
     assert info.value.holder_fence == held.fence
@@ -248,7 +254,7 @@ def test_a_lease_from_acquire_is_released_by_either_twin(counter_cache: Any) -> 
 def test_a_lease_lost_before_release_raises_lease_lost(counter_cache: Any, redis: Redis) -> None:
     lock = counter_cache.fifo_lock("lost")
     lease = lock.acquire()
-    redis.delete("fifolock:{tests:3:lost}:lease")  # as an eviction would
+    redis.delete("tests:fifolock:{tests:3:lost}:lease")  # as an eviction would
 
     with pytest.raises(LeaseLost) as info:
         lock.release(lease)
@@ -313,7 +319,7 @@ def test_django_redis_connection_settings_come_from_location_and_options() -> No
         "SOCKET_TIMEOUT": 5,
         "SOCKET_CONNECT_TIMEOUT": 2,
         "IGNORE_EXCEPTIONS": True,
-        "CONNECTION_POOL_KWARGS": {"max_connections": 20, "connection_class": object},
+        "CONNECTION_POOL_KWARGS": {"max_connections": 20, "connection_class": Connection},
     }
     connection = cache.connection_settings("redis://primary:6379/4,redis://replica:6379/4", options)
 
@@ -400,8 +406,8 @@ def test_the_lock_uses_the_database_in_location(
         pass
     db5 = Redis.from_url(url_with_db(redis_url, 5))
     try:
-        assert db5.exists("fifolock:{tests:3:reports}:fences")
-        assert not redis.exists("fifolock:{tests:3:reports}:fences")
+        assert db5.exists("tests:fifolock:{tests:3:reports}:fences")
+        assert not redis.exists("tests:fifolock:{tests:3:reports}:fences")
     finally:
         db5.close()
 
@@ -429,7 +435,7 @@ async def test_the_lock_uses_the_credentials_in_options(
     assert (async_lease.fence, sync_lease.fence) == (1, 2)
     check = Redis(host=server.host, port=server.port, password="s3cret", db=options.get("db", 0))
     try:
-        assert check.get("fifolock:{tests:3:reports}:fences") == b"2"
+        assert check.get("tests:fifolock:{tests:3:reports}:fences") == b"2"
     finally:
         check.close()
 

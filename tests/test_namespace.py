@@ -1,0 +1,36 @@
+"""``namespace``: the lock's keys and doorbell channel under a caller's key prefix."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from redis_fifo_lock import FifoLock, SyncFifoLock
+from redis_fifo_lock.protocol import LockKeys
+
+
+def test_without_a_namespace_the_keys_are_as_before() -> None:
+    assert LockKeys("jobs").key("queue") == "fifolock:{jobs}:queue"
+
+
+async def test_every_key_and_the_doorbell_start_with_the_namespace(aredis: AsyncRedis) -> None:
+    lock = FifoLock(aredis, "jobs", namespace="tenantA", lease_ms=5000, poll_ms=1000)
+    assert all(key.startswith("tenantA:fifolock:{jobs}:") for key in lock.keys.all)
+    assert lock.keys.doorbell_of("s1") == "tenantA:fifolock:{jobs}:doorbell:s1"
+    async with lock.hold(timeout=20):
+        held = {key.decode() for key in await aredis.keys("*")}
+    assert held and all(key.startswith("tenantA:fifolock:{jobs}:") for key in held)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "says"),
+    [("a{b", "'{'"), ("a}b", "'}'"), ("x" * 257, "256"), ("a\nb", "control"), (7, "str")],
+)
+def test_a_namespace_that_would_break_the_keys_is_refused(namespace: object, says: str) -> None:
+    for build in (
+        lambda: FifoLock(AsyncRedis(), "jobs", namespace=namespace),  # type: ignore[arg-type]
+        lambda: SyncFifoLock("redis://127.0.0.1:1/0", "jobs", namespace=namespace),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ValueError, match="namespace") as caught:
+            build()
+        assert says in str(caught.value)
