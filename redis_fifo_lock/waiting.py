@@ -261,6 +261,7 @@ class _Withdrawal:
     token: str
     ticket: int
     done: asyncio.Future[None]
+    failures: int = 0
 
 
 class Hub:
@@ -377,11 +378,15 @@ class Hub:
                     WITHDRAW_TRY_S,
                 )
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
-            log.warning(
-                "FIFO lock %r: could not withdraw request %s yet (%s); retrying",
+            withdrawal.failures += 1
+            log.log(
+                logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
+                "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "
+                "until Redis answers",
                 group.keys.name,
                 withdrawal.token,
                 getattr(exc, "cause", None) or "no reply",
+                RETRY_AFTER_ERROR_S,
             )
             return False
         if outcome == GAVE_BACK:

@@ -74,7 +74,7 @@ async def test_hand_off_is_rung_on_the_doorbell_well_before_a_poll(
         await holder_lock.release(lease)
         next_lease = await asyncio.wait_for(waiting, 5)
         latency_ms = (time.monotonic() - released_at) * 1000
-        assert next_lease.fence == lease.fence + 1
+        assert next_lease.fence > lease.fence
         assert latency_ms < 500, latency_ms  # poll_ms is 10_000
         await waiter_lock.release(next_lease)
     finally:

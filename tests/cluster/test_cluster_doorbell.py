@@ -129,7 +129,7 @@ async def test_the_doorbell_subscribes_again_after_its_master_fails_over(
     # Waiters are still served: the first grant comes by poll or doorbell.
     await released(holder_lock, lease)
     first = await asyncio.wait_for(waiting[0], POLL_MS / 1000 + 5)
-    assert first.fence == lease.fence + 1
+    assert first.fence > lease.fence
     # The doorbell subscribed again on a live node...
     await until(
         lambda: asyncio.to_thread(lambda: len(subscribers(alive, pattern)) == 1),

@@ -296,7 +296,7 @@ async def test_a_release_cut_short_as_the_slot_starts_moving_is_typed_and_handed
     await mover.finish()
     finished_at = time.monotonic()
     next_lease = await asyncio.wait_for(waiting, BOUND_S)
-    assert next_lease.fence == lease.fence + 1
+    assert next_lease.fence > lease.fence
     assert time.monotonic() - finished_at < POLL_MS / 1000 + 1.0
     await lock.release(lease)  # the retry finds it released: no error
     assert lease.released and not lease.lost
@@ -328,7 +328,7 @@ async def test_a_retried_release_that_was_cut_short_hands_off_at_once(
     await lock.release(lease)
     next_lease = await asyncio.wait_for(waiting, BOUND_S)
     assert time.monotonic() - retried_at < 2.0, "handed off by a poll, not by the retry"
-    assert next_lease.fence == lease.fence + 1
+    assert next_lease.fence > lease.fence
     await lock.release(next_lease)
 
 
@@ -410,6 +410,6 @@ async def test_the_doorbell_rings_across_a_migration(
     await holder_lock.release(lease)
     next_lease = await asyncio.wait_for(waiting, 5)
     latency_ms = (time.monotonic() - released_at) * 1000
-    assert next_lease.fence == lease.fence + 1
+    assert next_lease.fence > lease.fence
     assert latency_ms < 1000, latency_ms  # poll_ms is 10_000
     await FifoLock(waiter_client, name, **settings).release(next_lease)

@@ -123,7 +123,7 @@ def test_many_sequential_async_to_sync_calls_leak_no_connection_and_no_closed_lo
 
     assert settled_connections() == after_10 == baseline
     assert len(lock_clients) == loops  # every call's loop closed its client
-    assert exclusive.fences == list(range(1, 3 * 41 + 1))
+    assert exclusive.fences == sorted(set(exclusive.fences)) and len(exclusive.fences) == 3 * 41
     assert exclusive.most == 1
     assert loop_errors(caplog) == []
 
@@ -156,7 +156,7 @@ def test_async_to_sync_calls_from_several_threads_at_once_share_the_lock_and_lea
     wait_until(lambda: connections(redis) <= baseline, "closed connections to go", 5)
 
     assert failures == []
-    assert sorted(exclusive.fences) == list(range(1, 2 * (threads * calls + 1) + 1))
+    assert len(set(exclusive.fences)) == len(exclusive.fences) == 2 * (threads * calls + 1)
     assert exclusive.most == 1
     assert len(lock_clients) == loops
     assert loop_errors(caplog) == []
@@ -173,7 +173,7 @@ def test_acquire_in_one_async_to_sync_call_and_release_in_another(
     async_to_sync(lock.arelease)(lease)
 
     assert not lock.status().held
-    assert async_to_sync(lock.aacquire)().fence == lease.fence + 1
+    assert async_to_sync(lock.aacquire)().fence > lease.fence
     assert loop_errors(caplog) == []
 
 
@@ -249,7 +249,7 @@ def test_a_backend_first_used_in_a_loop_that_is_then_closed_works_everywhere_aft
     fences.append(asyncio.run(hold()))
     fences.append(async_to_sync(hold)())
 
-    assert fences == [1, 2, 3, 4, 5]
+    assert fences == sorted(set(fences)) and len(fences) == 5
     assert len(lock_clients) == loops
     assert loop_errors(caplog) == []
 
