@@ -52,8 +52,12 @@ async def clients(redis_url: str) -> AsyncIterator[Callable[[bool], AsyncRedis]]
     parts = urlsplit(redis_url)
 
     def make(restricted: bool) -> AsyncRedis:
-        credentials = {"username": USER, "password": PASSWORD} if restricted else {}
-        client = AsyncRedis(host=parts.hostname or "127.0.0.1", port=parts.port, **credentials)
+        client = AsyncRedis(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 6379,
+            username=USER if restricted else None,
+            password=PASSWORD if restricted else None,
+        )
         made.append(client)
         return client
 
