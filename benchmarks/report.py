@@ -121,6 +121,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{_fmt(ours['commands_per_s'], 2)} commands/s{note}",
                 )
             )
+    space = results.get("keyspace")
+    if space:
+        judged = space["idle_after_s"] is not None or space["idle_window_s"] >= 30
+        verdicts.append(
+            _target(
+                "keyspace-idle",
+                "a lock name used and left idle keeps 0 bytes in Redis after its idle window",
+                space["idle_bytes"] == 0 if judged else None,
+                f"{space['idle_keys']} keys, {space['idle_bytes']} B after "
+                f"{space['idle_after_s'] or space['idle_window_s']} s"
+                + ("" if judged else " (window too short in this run: not judged)"),
+            )
+        )
     uncontended = results.get("uncontended", {})
     ours_rt = {
         key: uncontended[key]["round_trips"]
@@ -441,6 +454,33 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
                 "max ms",
             ],
             rows,
+        )
+    if "keyspace" in results:
+        space = results["keyspace"]
+        idle = (
+            f"{space['idle_after_s']} s"
+            if space["idle_after_s"] is not None
+            else f"not within {space['idle_window_s']:g} s"
+        )
+        lines += [
+            "",
+            "## Bytes Redis keeps per lock name",
+            "",
+            f"`MEMORY USAGE` summed over one name's keys (lease_ms {space['lease_ms']}); "
+            f"every key gone after: {idle}.",
+            "",
+        ]
+        lines += _table(
+            ["state", "keys", "bytes"],
+            [
+                [
+                    f"held, {space['waiters']} waiters",
+                    str(space["held_keys"]),
+                    str(space["held_bytes"]),
+                ],
+                ["right after release", str(space["released_keys"]), str(space["released_bytes"])],
+                ["after the idle window", str(space["idle_keys"]), str(space["idle_bytes"])],
+            ],
         )
     return "\n".join(lines) + "\n"
 

@@ -34,6 +34,9 @@ the same code, smaller and shorter):
    (``IDLE_CLIENT_OPTIONS``), so that each can wait the way it was designed to.
 5. **crash**: a holder with a 1,000 ms lease is SIGKILLed; the time until a
    waiter in another process is granted the lock.
+6. **keyspace**: the bytes Redis keeps for one lock name (``MEMORY USAGE`` of
+   its keys) while held with 10 waiters, right after release, and after the
+   idle window (30 s at most; 1 s in the smoke size); see ``benchmarks.keyspace``.
 
 Results go to ``--out`` (default ``benchmarks/results/<size>``): ``results.json``,
 ``RESULTS.md`` and ``handoff.png``.
@@ -56,7 +59,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import report
+from benchmarks import keyspace, report
 from benchmarks.analysis import median
 from benchmarks.harness import ROOT, redis_server
 from benchmarks.libraries import BY_KEY, LIBRARIES, Library
@@ -209,6 +212,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for lib in libraries:
                 results["crash"][lib.key] = run_crash(lib, url, run_id, size)
                 log(f"crash {lib.key}: {results['crash'][lib.key]['kill_to_grant_ms_p50']:.0f} ms")
+
+        if "keyspace" in args.workloads:
+            results["keyspace"] = keyspace.measure(
+                url,
+                waiters=size.keyspace_waiters,
+                lease_ms=1000,
+                idle_timeout_s=size.keyspace_idle_s,
+            )
+            figures = results["keyspace"]
+            log(
+                f"keyspace: {figures['held_bytes']} B held with {figures['waiters']} waiters, "
+                f"{figures['released_bytes']} B released, {figures['idle_bytes']} B idle"
+            )
 
         results["ping_after"] = measure_ping(url, size.ping_samples)
         results["machine"]["load_average_after"] = list(os.getloadavg())

@@ -83,6 +83,8 @@ class Size:
     tasks: int = 8
     critical_sections_ms: tuple[float, ...] = (0.0, 1.0)
     crash_lease_ms: int = 1000
+    keyspace_waiters: int = 10
+    keyspace_idle_s: float = 30.0
 
 
 SIZES = {
@@ -99,6 +101,7 @@ SIZES = {
         idle_settle_s=0.2,
         crash_trials=1,
         contended_lead_s=0.3,
+        keyspace_idle_s=1.0,
     ),
     "full": Size(
         ping_samples=3000,
@@ -115,7 +118,7 @@ SIZES = {
     ),
 }
 
-WORKLOADS = ("uncontended", "contended", "idle", "crash")
+WORKLOADS = ("uncontended", "contended", "idle", "crash", "keyspace")
 
 
 # --- 1. PING ----------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ conftest.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack
+from urllib.parse import urlsplit
 
 import pytest
 from redis import Redis
@@ -22,6 +23,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import testing as fifolock_testing
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+from tests.support.proxy import FaultProxy
 
 
 @pytest.fixture(scope="session")
@@ -128,5 +130,34 @@ def fresh_redis_server() -> Iterator[PrivateRedisFactory]:
             return stack.enter_context(
                 fifolock_testing.private_redis_server(extra_args=extra_args, port=port)
             )
+
+        yield start
+
+
+FaultProxyFactory = Callable[..., FaultProxy]
+"""Type of the ``fault_proxy`` fixture: ``(target_url, **options) -> FaultProxy``."""
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[FaultProxyFactory]:
+    """Factory of started :class:`tests.support.proxy.FaultProxy` instances, all
+    closed (every connection reset, the thread ended) after the test.
+
+    Call it with the ``redis://`` URL of a loopback server (e.g. a
+    ``fresh_redis_server()``'s ``.url``, or ``redis_url``) and optional
+    ``max_connections`` / ``max_buffered_bytes``; connect clients to the
+    proxy's ``.url``. Example::
+
+        def test_late_reply(fresh_redis_server, fault_proxy) -> None:
+            proxy = fault_proxy(fresh_redis_server().url)
+            client = Redis.from_url(proxy.url, socket_timeout=0.5)
+            proxy.hold("down")  # replies are kept from the client from now on
+    """
+    with ExitStack() as stack:
+
+        def start(target_url: str, **options: int) -> FaultProxy:
+            parts = urlsplit(target_url)
+            proxy = FaultProxy(parts.hostname or "127.0.0.1", parts.port or 6379, **options)
+            return stack.enter_context(proxy)
 
         yield start

@@ -1607,10 +1607,30 @@ async def _unreachable(ctx: Context, name: str) -> list[str]:
     return problems
 
 
+# Issue 11's fault kinds register themselves here (the module needs the above).
+from tests.adversarial import late_faults  # noqa: E402, F401
+
 KNOWN_BUG_SCENARIOS = ("connection-killed-short-lease",)
 """Scenarios that pinned core bugs; ``test_adversarial_regressions.py`` runs them."""
 
-REAL = [name for name in SCENARIOS if name not in KNOWN_BUG_SCENARIOS]
+AWAITING_MUTANTS = (
+    "proxy-late-copies",
+    "blocked-loop-grant",
+    "fork-in-hold",
+    "restricted-acl",
+)
+"""Scenarios of issue 11's fault kinds (``late_faults.py``). The real lock must
+pass them once the redesign lands (today they find issue 11's bugs). The mutants
+issue 11 designates for them (a lease dated from the ring, a history bounded by
+count, withdraw by token alone, no withdrawal of requests abandoned by an
+outage, a fence counter that restarts at 1) target the redesigned protocol and
+are written with it; until a scenario names one in ``kills`` it stays here,
+exempt from the must-kill check, and ``test_adversarial_scenarios.py`` runs it
+against the real lock on its own."""
+
+REAL = [
+    name for name in SCENARIOS if name not in KNOWN_BUG_SCENARIOS and name not in AWAITING_MUTANTS
+]
 """Scenarios the real lock must pass, each killing at least one mutant."""
 
 IN_PROCESS = (

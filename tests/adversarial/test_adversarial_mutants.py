@@ -14,7 +14,15 @@ from collections.abc import Callable
 import pytest
 
 from tests.adversarial.mutants import MUTANTS
-from tests.adversarial.scenarios import CRASH, KNOWN_BUG_SCENARIOS, REAL, SCENARIOS, Context, run
+from tests.adversarial.scenarios import (
+    AWAITING_MUTANTS,
+    CRASH,
+    KNOWN_BUG_SCENARIOS,
+    REAL,
+    SCENARIOS,
+    Context,
+    run,
+)
 from tests.adversarial.table import RESULTS
 
 MATRIX = os.environ.get("FIFOLOCK_MUTANT_MATRIX") == "1"
@@ -42,6 +50,11 @@ def test_every_scenario_must_kill_a_mutant_and_every_mutant_has_a_killer() -> No
     orphans = [mutant for mutant in MUTANTS if not killers(mutant)]
     assert orphans == [], f"mutants no scenario is expected to kill: {orphans}"
     assert not set(KNOWN_BUG_SCENARIOS) - set(SCENARIOS)
+    # Issue 11's scenarios wait for the redesign's mutants; once one names a
+    # mutant it must leave AWAITING_MUTANTS and join the real-lock runs.
+    assert not set(AWAITING_MUTANTS) - set(SCENARIOS)
+    named = [name for name in AWAITING_MUTANTS if SCENARIOS[name].kills]
+    assert named == [], f"scenarios that name a mutant must leave AWAITING_MUTANTS: {named}"
 
 
 @pytest.mark.adversarial

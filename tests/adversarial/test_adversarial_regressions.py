@@ -1,9 +1,10 @@
 """Bugs of the core that the adversarial suite found: fixed ones, pinned.
 
-Each test states the behaviour the lock owes. The one still marked
-``xfail(strict=True)`` is a known limitation (see its reason); when it is fixed
-the test passes, strict xfail turns that into a failure, and whoever fixed it
-removes the marker. These tests pin bugs; they are exempt from killing a mutant.
+Each test states the behaviour the lock owes. ``acquire(timeout=...)`` against
+a server that never answers was a known limitation pinned by a strict xfail;
+issue 11 (item 4) makes the timeout bound the whole call, so it is now an
+ordinary test (it fails until the redesign lands). These tests pin bugs; they
+are exempt from killing a mutant.
 """
 
 from __future__ import annotations
@@ -52,13 +53,6 @@ async def test_a_waiter_whose_connection_dies_keeps_its_place_with_a_short_lease
     assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: acquire(timeout=...) bounds only the wait in the queue, not the "
-    "calls to Redis: against a server that accepts connections and never answers, "
-    "acquire(timeout=1) hangs forever (no socket_timeout), or runs for tens of seconds "
-    "(socket_timeout=1: redis-py retries, the eviction-policy check, the withdrawal)",
-)
 async def test_acquire_with_a_timeout_returns_in_time_from_a_server_that_never_answers() -> None:
     server, port = await not_redis_server(answer=False)
     client = Redis(host="127.0.0.1", port=port)

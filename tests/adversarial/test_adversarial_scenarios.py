@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.adversarial.scenarios import IN_PROCESS, REAL, Context, run
+from tests.adversarial.scenarios import AWAITING_MUTANTS, IN_PROCESS, REAL, Context, run
 from tests.adversarial.table import RESULTS
 
 pytestmark = pytest.mark.adversarial
@@ -34,6 +34,18 @@ async def test_the_real_lock_shows_no_violation_when_every_script_call_runs_twic
 ) -> None:
     outcome = await run(name, contexts(dup_exec=True))
     outcome.scenario += " (every call twice)"
+    RESULTS.add_real(outcome)
+    print(outcome.summary())
+    assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
+
+
+@pytest.mark.parametrize("name", AWAITING_MUTANTS)
+async def test_the_real_lock_shows_no_violation_under_issue_11_faults(
+    name: str, contexts: Callable[..., Context], replay: str
+) -> None:
+    # Issue 11's fault kinds: they find its bugs in today's lock; the redesign must
+    # pass them. Their mutants come with the redesign (see AWAITING_MUTANTS).
+    outcome = await run(name, contexts())
     RESULTS.add_real(outcome)
     print(outcome.summary())
     assert outcome.violations == [], f"{outcome.summary()}\n{replay}"

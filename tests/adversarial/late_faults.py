@@ -1,0 +1,350 @@
+"""Issue 11's fault kinds as adversarial scenarios.
+
+* ``proxy-late-copies``: every contender reaches Redis through a TCP fault
+  proxy (``tests/support/proxy.py``) with redis-py's own retries on and a short
+  socket timeout. The proxy holds the bytes of the connections open at a
+  random moment, so redis-py times out and re-sends on a new connection, then
+  lets the original copies through a lease later; it also delays replies and
+  resets every connection. Late copies of acquire, withdraw and release must
+  change nothing.
+* ``blocked-loop-grant``: a waiter whose event loop is blocked (``time.sleep``
+  on its own thread's loop) right when its grant lands, for 1.5-3 leases; it
+  must not enter beside the holder that Redis granted meanwhile.
+* ``fork-in-hold``: a process forks inside ``with lock.hold()`` (the sync
+  facade); the child leaves the block (and so tries to release) and exits. The parent's
+  grant must stay: nobody enters while the parent is still inside.
+* ``restricted-acl``: some contenders authenticate as a user whose channels
+  deny ``PUBLISH``; nobody stalls, no grant is left behind a failed call.
+
+They are registered in ``AWAITING_MUTANTS``: the mutants issue 11 designates
+for them (a lease dated from the ring, a history bounded by count, withdraw by
+token alone, no withdrawal of abandoned requests, a fence counter restarting at
+1) belong to the redesigned protocol and do not exist yet. Against today's lock
+they find the bugs of issue 11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+import time
+from functools import partial
+from typing import cast
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+
+from redis_fifo_lock import FifoLock
+from tests.adversarial.actors import Plan
+from tests.adversarial.clients import StagedRedis
+from tests.adversarial.driver import ROOT
+from tests.adversarial.scenarios import (
+    LEASE_MS,
+    Arena,
+    Context,
+    Outcome,
+    outcome,
+    scenario,
+)
+from tests.support.proxy import FaultProxy
+from tests.support.record import read_lines
+
+# --- proxy-late-copies --------------------------------------------------------------
+
+
+class ProxiedArena(Arena):
+    """An arena whose contenders reach Redis through ``proxy`` (the admin client
+    does not), with redis-py's retries on and a socket timeout of ``timeout_s``."""
+
+    def __init__(
+        self, ctx: Context, url: str, name: str, proxy: FaultProxy, timeout_s: float
+    ) -> None:
+        super().__init__(ctx, url, name)
+        self.proxy = proxy
+        self.timeout_s = timeout_s
+
+    def client(self, who: str, *, retries: bool = True) -> StagedRedis:
+        client = cast(
+            StagedRedis,
+            StagedRedis.from_url(
+                self.proxy.url, client_name=f"adv-{who}", socket_timeout=self.timeout_s
+            ),
+        )
+        self.clients.append(client)
+        return client
+
+
+async def _proxy_faults(arena: ProxiedArena, stop: asyncio.Event) -> None:
+    """Until ``stop``: hold a direction of the current connections so redis-py
+    re-sends, release the held bytes a lease later; delay; reset."""
+    rng = arena.ctx.rng
+    proxy = arena.proxy
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), rng.uniform(0.1, 0.4))  # a random moment
+        kind = rng.choice(("hold-up", "hold-down", "delay", "reset"))
+        if kind.startswith("hold"):
+            direction = "up" if kind == "hold-up" else "down"
+            late_ms = rng.uniform(0.5, 1.5) * LEASE_MS  # the original copies arrive this late
+            # For the connections it holds, this is a server pause: it may cost a
+            # holder its lease (loudly) and a waiter its place, as a pause does.
+            arena.faults.fault("pause", f"{round(late_ms)}ms")
+            proxy.hold(direction, current_only=True)  # type: ignore[arg-type]
+            proxy.release(direction, after_ms=late_ms)  # type: ignore[arg-type]
+            continue
+        arena.faults.fault("proxy", kind)  # excuses nothing
+        if kind == "delay":
+            proxy.delay("down", rng.uniform(20, 150))
+            await asyncio.sleep(0.3)  # the fault itself: replies are slow this long
+            proxy.delay("down", 0)
+        else:
+            proxy.reset()
+
+
+@scenario(
+    "proxy-late-copies",
+    kills=(),
+    faults="a TCP proxy that black-holes, delays and resets connections, so redis-py's "
+    "retries re-send scripts and the originals arrive late",
+)
+async def proxy_late_copies(ctx: Context) -> Outcome:
+    """Six contenders, each 4 requests, through the fault proxy; the checker judges."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    with FaultProxy(host, server.port) as proxy:
+        arena = ProxiedArena(ctx, server.url, "proxied", proxy, timeout_s=0.25)
+        stop = asyncio.Event()
+        try:
+            await arena.load_scripts()
+            faults = asyncio.create_task(_proxy_faults(arena, stop))
+
+            async def contender(who: str) -> None:
+                lock, actor = arena.contender(who)
+                for round_ in range(4):
+                    hold_s = ctx.rng.uniform(0.0, 1.5) * LEASE_MS / 1000
+                    token = f"{who}.{round_}.{ctx.rng.getrandbits(20):05x}"
+                    plan = Plan(hold_s, timeout_s=8, repeat_release=True, retry_s=4.0)
+                    await actor.attempt(lock, token, plan)
+
+            await asyncio.gather(*(contender(f"p{n}") for n in range(6)))
+            stop.set()
+            await faults
+            proxy.release("up")
+            proxy.release("down")
+            proxy.delay("down", 0)
+            await asyncio.sleep(2 * LEASE_MS / 1000)  # the last late copies arrive
+            problems += await arena.consistent()
+        finally:
+            stop.set()
+            await arena.close()
+    # Held bytes may cost a waiter its place (FIFO excused, as for a pause), but
+    # never excuse an overlap: a holder must see lease.lost before Redis moves on.
+    return outcome(ctx, "proxy-late-copies", problems, unexcused=frozenset({"pause"}))
+
+
+# --- blocked-loop-grant -----------------------------------------------------------------
+
+
+@scenario(
+    "blocked-loop-grant",
+    kills=(),
+    faults="a waiter's event loop blocked (time.sleep) for 1.5-3 leases right when its grant lands",
+)
+async def blocked_loop_grant(ctx: Context) -> Outcome:
+    """A holder and waiter ``w1`` share a loop on a thread of their own; the holder
+    releases and that loop is blocked at once. Waiters on this loop go on."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "blocked")
+    block_s = ctx.rng.uniform(1.5, 3.0) * LEASE_MS / 1000
+    w1_queued, others_queued = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    async def blocked_side() -> None:
+        side = Arena(ctx, server.url, "blocked")  # clients of this thread's loop
+        try:
+            lock_h, actor_h, lease_h = await side.enter("h")
+            w1, _ = side.waiter("w1", Plan(0.05, timeout_s=10))
+            await side.until(lambda: _queued(side, "w1-"), "w1 is queued")
+            w1_queued.set()
+            if not await asyncio.to_thread(others_queued.wait, 10):
+                errors.append("the other waiters never queued")
+            side.record.exit(lease_h)
+            await actor_h.release(lock_h, lease_h, Plan(0))  # the grant to w1 lands ...
+            time.sleep(block_s)  # noqa: ASYNC251 - ... and this loop is blocked (the fault)
+            # Recorded as a stall of this process: it may cost w1 its place in the
+            # queue (FIFO excused), but never excuses an overlap (unexcused below).
+            side.faults.fault("lag", f"{round(block_s * 1000)}ms")
+            await w1
+        finally:
+            await side.close()
+
+    def run_side() -> None:
+        try:
+            asyncio.run(blocked_side())
+        except Exception as exc:  # reported as the scenario's own failure
+            errors.append(f"CRASH: the blocked side stopped: {exc!r}")
+
+    thread = threading.Thread(target=run_side, name="blocked-loop", daemon=True)
+    thread.start()
+    try:
+        if not await asyncio.to_thread(w1_queued.wait, 10):
+            raise AssertionError("w1 never queued")
+        waiters = []
+        for who in ("b", "c"):
+            task, token = arena.waiter(who, Plan(1.5 * LEASE_MS / 1000, timeout_s=10))
+            await arena.until(partial(arena.queued, token), f"{who} is queued")
+            waiters.append((task, token))
+        others_queued.set()
+        for task, token in waiters:
+            errors.extend(await arena.served(task, token, 10.0))
+        await asyncio.to_thread(thread.join, 20)
+        errors.extend(await arena.consistent())
+    finally:
+        others_queued.set()
+        await arena.close()
+    # A blocked waiter is no excuse: "lag" would excuse holders, and none is recorded.
+    return outcome(ctx, "blocked-loop-grant", errors, unexcused=frozenset({"lag"}))
+
+
+def _queued(arena: Arena, prefix: str) -> bool:
+    return any(
+        line.kind == "queued" and line.fields[0].startswith(prefix)
+        for line in read_lines(arena.record.path)
+    )
+
+
+# --- fork-in-hold -----------------------------------------------------------------------
+
+FORKER = "tests.adversarial.forker"
+
+
+@scenario(
+    "fork-in-hold",
+    kills=(),
+    faults="fork() inside with lock.hold() (sync); the child leaves the block and exits",
+)
+async def fork_in_hold(ctx: Context) -> Outcome:
+    """A process forks while holding; its child exits through ``hold()``. Two
+    waiters queue behind; nobody may enter while the parent is inside."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "forked")
+    problems: list[str] = []
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            FORKER,
+            server.url,
+            str(arena.record.path),
+            str(3 * LEASE_MS),
+            cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None and process.stdin is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 10)
+        if line.strip() != b"inside":
+            raise AssertionError(f"the forking holder said {line!r}, not 'inside'")
+        waiters = []
+        for who in ("b", "c"):
+            task, token = arena.waiter(who, Plan(0.02, timeout_s=10))
+            await arena.until(partial(arena.queued, token), f"{who} is queued")
+            waiters.append((task, token))
+        process.stdin.write(b"fork\n")  # the fault: fork now
+        await process.stdin.drain()
+        child = await asyncio.wait_for(process.stdout.readline(), 10)
+        problems += [f"forker: {child.decode().strip()}"] if child.startswith(b"error") else []
+        for task, token in waiters:
+            problems += await arena.served(task, token, 10.0)
+        await asyncio.wait_for(process.wait(), 10)
+        problems += await arena.consistent()
+    finally:
+        with contextlib.suppress(ProcessLookupError, UnboundLocalError):
+            if process.returncode is None:
+                process.kill()
+        await arena.close()
+    return outcome(ctx, "fork-in-hold", problems)
+
+
+# --- restricted-acl ---------------------------------------------------------------------
+
+ACL_USER, ACL_PASSWORD = "nopublish", "adv-s3cret"
+
+
+class AclArena(Arena):
+    """An arena whose contenders named ``r*`` authenticate as a user who may not
+    publish (nor subscribe)."""
+
+    def client(self, who: str, *, retries: bool = True) -> StagedRedis:
+        if not who.startswith("r"):
+            return super().client(who, retries=retries)
+        client = cast(
+            StagedRedis,
+            StagedRedis.from_url(
+                self.url, client_name=f"adv-{who}", username=ACL_USER, password=ACL_PASSWORD
+            ),
+        )
+        self.clients.append(client)
+        return client
+
+    def lock(self, client: Redis) -> FifoLock:
+        # Not recorded through RecordingProtocol: a permission error is the fault
+        # injected here, not a Lua error the lock caused.
+        lock: FifoLock = super().lock(client)
+        inner = getattr(lock._protocol, "inner", None)
+        if inner is not None:
+            lock._protocol = inner
+        return lock
+
+
+@scenario(
+    "restricted-acl",
+    kills=(),
+    faults="contenders authenticated as an ACL user whose channels deny PUBLISH",
+)
+async def restricted_acl(ctx: Context) -> Outcome:
+    """Restricted and default contenders take turns; every request that ends with
+    an error leaves nothing behind, and every default contender is served."""
+    server = ctx.servers()
+    admin = Redis.from_url(server.url)
+    await admin.acl_setuser(
+        ACL_USER,
+        enabled=True,
+        passwords=[f"+{ACL_PASSWORD}"],
+        keys=["*"],
+        commands=["+@all"],
+        reset_channels=True,
+    )
+    await admin.aclose()
+    arena = AclArena(ctx, server.url, "restricted", lease_ms=2000, poll_ms=200)
+    problems: list[str] = []
+    try:
+        await arena.load_scripts()
+
+        async def contender(who: str) -> None:
+            lock, actor = arena.contender(who)
+            for round_ in range(4):
+                token = f"{who}.{round_}.{ctx.rng.getrandbits(20):05x}"
+                plan = Plan(ctx.rng.uniform(0, 0.2), timeout_s=8)
+                await actor.attempt(lock, token, plan)
+
+        await asyncio.gather(*(contender(who) for who in ("r1", "r2", "d1", "d2")))
+        problems += await arena.consistent()
+    finally:
+        await arena.close()
+    # A default contender waits at most a lease behind a grant left by a failed call.
+    found = outcome(ctx, "restricted-acl", problems, handoff_ms=1000)
+    # A restricted contender's call may be refused (the fault itself); what it must
+    # not do is leave something behind, which the other checks judge.
+    found.report.violations = [v for v in found.report.violations if not _refused_by_acl(v)]
+    return found
+
+
+def _refused_by_acl(violation: str) -> bool:
+    """Whether ``violation`` only says a restricted (``r*``) contender's call was refused."""
+    restricted = " r1." in violation or " r2." in violation or ", r1." in violation
+    restricted = restricted or ", r2." in violation
+    return restricted and "ResponseError" in violation

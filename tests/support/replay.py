@@ -1,0 +1,74 @@
+"""Late copies of script calls: what a redis-py retry sends when a reply was lost.
+
+redis-py re-sends a command whose reply did not arrive; if the first copy was
+only delayed (a slow network, a proxy, a frozen server), Redis runs both, the
+first one possibly long after the retry was answered. ``ScriptCalls`` records
+every ``Script.run`` the lock makes (by wrapping it with pytest's
+``monkeypatch``), so a test can send the very same EVALSHA again later, with a
+raw client, as that late copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+from redis_fifo_lock.protocol import AsyncClient, Script
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """One script call as sent: the script (its SHA and source), keys and arguments."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+
+    def mentions(self, word: str) -> bool:
+        """Whether ``word`` is one of the call's arguments (e.g. a request token)."""
+        return any(
+            (arg.decode() if isinstance(arg, bytes) else str(arg)) == word for arg in self.args
+        )
+
+    async def replay(self, client: Redis) -> Any:
+        """Send the same EVALSHA again (EVAL if the server forgot the script)."""
+        try:
+            return await client.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
+        except NoScriptError:
+            return await client.eval(self.script.source, len(self.keys), *self.keys, *self.args)
+
+
+class ScriptCalls:
+    """Records every ``Script.run`` made while the test runs, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[ScriptCall] = []
+        original: Callable[[Script, AsyncClient, list[str], list[Any]], Awaitable[Any]]
+        original = Script.run
+        calls = self.calls
+
+        async def run(self: Script, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
+            calls.append(ScriptCall(self, tuple(keys), tuple(args)))
+            return await original(self, client, keys, args)
+
+        monkeypatch.setattr(Script, "run", run)
+
+    def mark(self) -> int:
+        """A position in the sequence, for ``since``."""
+        return len(self.calls)
+
+    def since(self, mark: int, *, mentioning: str) -> list[ScriptCall]:
+        """The calls made since ``mark`` that name ``mentioning`` among their arguments."""
+        return [call for call in self.calls[mark:] if call.mentions(mentioning)]
+
+
+def reply_code(reply: Any) -> int:
+    """The outcome code of a script reply: the reply itself, or its first element."""
+    if isinstance(reply, (list, tuple)):
+        reply = reply[0]
+    return int(reply)

@@ -1,0 +1,120 @@
+"""Bounded state: lock names cost nothing once idle, stay small when hot, and
+their fences never go backwards.
+
+Issue 11, item 6. Every key of a name expires once the name has been idle (no
+holder, no waiter) for ``max(2 * lease_ms, 10_000)`` ms; one process keeps one
+liveness session per client and loop, not one per wait; and fences rise
+strictly per name even after its keys expired or were flushed (fence =
+``max(previous + 1, server clock in µs)``, below 2**53).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from benchmarks.keyspace import measure, name_footprint
+from redis_fifo_lock import FifoLock
+
+pytestmark = pytest.mark.timeout(120)
+
+SETTINGS = {"lease_ms": 1000, "poll_ms": 500}
+IDLE_WINDOW_S = max(2 * SETTINGS["lease_ms"], 10_000) / 1000
+"""How long a name with lease_ms 1000 may keep keys once idle (the contract's window)."""
+SLACK_S = 5.0
+MAX_FENCE = 2**53
+
+
+def persistent_keys(client: Redis, sample: int = 200) -> list[str]:
+    """Up to ``sample`` lock keys that have no TTL (they would never expire)."""
+    found = []
+    for key in client.scan_iter(match="fifolock:*", count=1000):
+        if client.pttl(key) == -1:
+            found.append(key.decode() if isinstance(key, bytes) else str(key))
+            if len(found) >= sample:
+                break
+    return found
+
+
+async def test_two_thousand_names_used_once_leave_no_key_within_a_minute_and_fences_still_rise(
+    redis: Redis, aredis: AsyncRedis
+) -> None:
+    fences: dict[str, int] = {}
+    for n in range(2000):
+        lock = FifoLock(aredis, f"invoice-{n}", **SETTINGS)
+        lease = await lock.acquire(timeout=5)
+        await lock.release(lease)
+        if n % 400 == 0:
+            fences[lock.name] = lease.fence
+    idle_since = time.monotonic()
+    left = int(redis.dbsize())
+    while left and time.monotonic() - idle_since < 60:
+        if time.monotonic() - idle_since > IDLE_WINDOW_S + SLACK_S:
+            # Past the window, a key without a TTL can never go: no need to wait on.
+            never = persistent_keys(redis)
+            assert never == [], (
+                f"{left} keys of 2,000 idle names are left {IDLE_WINDOW_S + SLACK_S:g} s after "
+                f"their last use, and keys like {never[:4]} have no TTL at all"
+            )
+        time.sleep(0.5)  # noqa: ASYNC251 - Redis expires keys by its own clock; nothing to await
+        left = int(redis.dbsize())
+    assert left == 0, f"{left} keys of 2,000 names used once are left after 60 s"
+    for name, before in fences.items():
+        lock = FifoLock(aredis, name, **SETTINGS)
+        lease = await lock.acquire(timeout=5)
+        await lock.release(lease)
+        assert before < lease.fence < MAX_FENCE, (
+            f"{name}: fence {lease.fence} after its keys expired, {before} before"
+        )
+
+
+async def test_five_thousand_acquires_of_one_name_from_fresh_lock_objects_keep_it_small(
+    redis: Redis, aredis: AsyncRedis
+) -> None:
+    name = "hot"
+    for _ in range(5000):
+        lock = FifoLock(aredis, name, **SETTINGS)  # fresh objects, one client and loop
+        lease = await lock.acquire(timeout=5)
+        await lock.release(lease)
+    alive = lock.keys.key("alive")
+    raw_kind = redis.type(alive)
+    kind = raw_kind.decode() if isinstance(raw_kind, bytes) else str(raw_kind)
+    sessions = {"zset": redis.zcard, "hash": redis.hlen, "set": redis.scard}.get(kind)
+    count = 0 if kind == "none" or sessions is None else int(sessions(alive))
+    assert count <= 5, f"the name's liveness record holds {count} sessions after 5,000 acquires"
+    started = time.monotonic()
+    keys, size = name_footprint(redis, name)
+    while size >= 20_000 and time.monotonic() - started < IDLE_WINDOW_S + SLACK_S:
+        time.sleep(0.5)  # noqa: ASYNC251 - history ages out on Redis's clock
+        keys, size = name_footprint(redis, name)
+    assert size < 20_000, f"5,000 uses of one name left {keys} keys, {size} bytes"
+
+
+async def test_fences_keep_rising_after_flushall(redis: Redis, aredis: AsyncRedis) -> None:
+    lock = FifoLock(aredis, "flushed", **SETTINGS)
+    for _ in range(3):
+        lease = await lock.acquire(timeout=5)
+        await lock.release(lease)
+    before = lease.fence
+    redis.flushall()  # as Django's cache.clear() on a shared server does
+    lease = await lock.acquire(timeout=5)
+    await lock.release(lease)
+    assert before < lease.fence < MAX_FENCE, (
+        f"the first fence after FLUSHALL is {lease.fence}; the last one before was {before}"
+    )
+
+
+def test_a_name_costs_bytes_while_held_and_none_after_its_idle_window(
+    redis: Redis, redis_url: str
+) -> None:
+    figures = measure(redis_url, waiters=10, lease_ms=1000, idle_timeout_s=IDLE_WINDOW_S + 10)
+    print(f"bytes per lock name: {figures}")
+    assert figures["held_bytes"] > 0
+    assert (figures["idle_keys"], figures["idle_bytes"]) == (0, 0), (
+        f"{figures['idle_keys']} keys ({figures['idle_bytes']} B) of a name are left "
+        f"{figures['idle_window_s']:g} s after its last use; live it took "
+        f"{figures['held_bytes']} B, right after release {figures['released_bytes']} B"
+    )

@@ -1,0 +1,284 @@
+"""Late messages: rings and replies read late, forged rings, late copies of scripts.
+
+Issue 11, items 1 and 2. A holder's local deadline is never later than Redis's
+expiry of its grant, however late the ring or reply is read; a ring is only a
+wake-up hint, so a forged one never makes ``acquire()`` return; and once a
+request (token and ticket) was granted, withdrawn or released, no later copy
+of its acquire, release or withdraw changes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout
+from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, LockKeys
+from tests.support.polling import until
+from tests.support.record import Record, violations
+from tests.support.replay import ScriptCalls, reply_code
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def clients(redis_url: str) -> AsyncIterator[Callable[[], AsyncRedis]]:
+    """Makes new clients of the test server (each one a waiting session of its own)."""
+    made: list[AsyncRedis] = []
+
+    def make() -> AsyncRedis:
+        client = AsyncRedis.from_url(redis_url)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+def local_deadline(lease: Lease) -> float:
+    """``lease.expires_at``: the holder's deadline, in ``time.monotonic()`` seconds.
+
+    Before the redesign ``Lease`` had no ``expires_at``; the same deadline lived
+    in the lease's renewal, in loop time (``time.monotonic()`` on asyncio's
+    default loop). Reading it there lets this test show the bug today, rather
+    than an ``AttributeError``.
+    """
+    if hasattr(lease, "expires_at"):
+        return float(lease.expires_at)
+    renewal = lease._renewal
+    assert renewal is not None, "the lease has neither expires_at nor a renewal"
+    return renewal.expires_at
+
+
+async def queued(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:
+    return await admin.zscore(keys.key("queue"), token) is not None
+
+
+async def holder_token(admin: AsyncRedis, keys: LockKeys) -> str | None:
+    token = await admin.hget(keys.key("lease"), "token")
+    return None if token is None else _text(token)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- item 1: grants read late, forged rings ------------------------------------------------
+
+
+async def test_a_waiter_whose_loop_was_blocked_when_its_grant_landed_keeps_no_deadline_past_redis(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis]
+) -> None:
+    settings = {"lease_ms": 3000, "poll_ms": 1500}
+    holder = FifoLock(clients(), "blocked-loop", **settings)
+    waiter = FifoLock(clients(), "blocked-loop", **settings)
+    lease_h = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
+    await until(lambda: queued(aredis, waiter.keys, "w"), "w is queued")
+    await holder.release(lease_h)  # the grant to w lands in Redis now ...
+    time.sleep(1.0)  # noqa: ASYNC251 - the fault under test: w's loop is blocked
+    lease_w = await waiting
+    pttl_ms = await aredis.pttl(waiter.keys.key("lease"))
+    after_reply = time.monotonic()
+    try:
+        assert pttl_ms > 0, f"w's grant is gone from Redis already (PTTL {pttl_ms})"
+        redis_expiry = after_reply + pttl_ms / 1000  # Redis expires it at or before this
+        late_s = local_deadline(lease_w) - redis_expiry
+        assert late_s <= 0.005, (
+            f"w believes it holds the lock {late_s:.3f} s after Redis lets the grant expire "
+            "(its lease was dated from when the late ring was read)"
+        )
+    finally:
+        await waiter.release(lease_w)
+
+
+async def test_a_waiter_blocked_past_its_lease_when_its_grant_landed_never_enters_beside_the_next(
+    aredis: AsyncRedis, redis_url: str, tmp_path: Path
+) -> None:
+    """W1's loop is blocked for longer than the lease right when its grant lands;
+    Redis lets that grant expire and grants W2. When W1's loop runs again it
+    must not enter while W2 is inside (W1 may wait on, or give up)."""
+    settings = {"lease_ms": 3000, "poll_ms": 1500}
+    record = Record(tmp_path / "blocked.rec")
+    keys = LockKeys("blocked-past-lease")
+    w1_queued, w2_queued = threading.Event(), threading.Event()
+    outcome: dict[str, str] = {}
+
+    async def blocked_side() -> None:
+        """The holder and W1, on an event loop of their own (this thread's)."""
+        h_client, w_client = AsyncRedis.from_url(redis_url), AsyncRedis.from_url(redis_url)
+        admin = AsyncRedis.from_url(redis_url)
+        try:
+            holder = FifoLock(h_client, keys.name, **settings)
+            lease_h = await holder.acquire(timeout=5)
+            record.enter(lease_h, "h")
+            w1 = FifoLock(w_client, keys.name, **settings)
+            acquiring = asyncio.create_task(w1.acquire(timeout=15, token="w1"))
+            await until(lambda: queued(admin, keys, "w1"), "w1 is queued")
+            w1_queued.set()
+            assert await asyncio.to_thread(w2_queued.wait, 10), "w2 never queued"
+            record.exit(lease_h)
+            await holder.release(lease_h)  # the grant to w1 lands now ...
+            time.sleep(3.5)  # noqa: ASYNC251 - the fault: w1's loop blocked past the lease
+            try:
+                lease = await acquiring
+            except LockError as exc:
+                outcome["w1"] = type(exc).__name__
+                return
+            record.enter(lease, "w1")
+            outcome["w1"] = "entered (lost)" if lease.lost else "entered"
+            await asyncio.sleep(0.2)  # the critical section
+            record.exit(lease)
+            try:
+                await w1.release(lease)
+            except LeaseLost:
+                outcome["w1"] += ", LeaseLost at release"
+        finally:
+            for client in (h_client, w_client, admin):
+                await client.aclose()
+
+    side = asyncio.create_task(asyncio.to_thread(asyncio.run, blocked_side()))
+    assert await asyncio.to_thread(w1_queued.wait, 10), "w1 never queued"
+    w2_client = AsyncRedis.from_url(redis_url)
+    try:
+        w2 = FifoLock(w2_client, keys.name, **settings)
+        acquiring_w2 = asyncio.create_task(w2.acquire(timeout=20, token="w2"))
+        await until(lambda: queued(aredis, keys, "w2"), "w2 is queued")
+        w2_queued.set()
+        lease_w2 = await acquiring_w2
+        record.enter(lease_w2, "w2")
+        await asyncio.sleep(2.5)  # inside while w1's loop comes back (3.5 s after its grant)
+        record.exit(lease_w2)
+        await w2.release(lease_w2)
+        await side
+    finally:
+        await w2_client.aclose()
+    overlaps = [v for v in violations(record.holds(), allow_open=True) if v.startswith("overlap")]
+    assert overlaps == [], f"w1: {outcome.get('w1')}; {overlaps}"
+
+
+async def test_a_forged_ring_never_makes_acquire_return(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis]
+) -> None:
+    settings = {"lease_ms": 4000, "poll_ms": 400}
+    holder = FifoLock(clients(), "forged", **settings)
+    waiter = FifoLock(clients(), "forged", **settings)
+    lease_h = await holder.acquire(timeout=5)
+    acquiring = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
+    await until(lambda: queued(aredis, waiter.keys, "w"), "w is queued")
+
+    async def doorbells() -> list[str]:
+        return [_text(channel) for channel in await aredis.pubsub_channels("*doorbell*")]
+
+    await until(doorbells, "w's doorbell is subscribed")
+    ticket = int(await aredis.zscore(waiter.keys.key("queue"), "w") or 0)
+    for channel in await doorbells():
+        # Anyone with PUBLISH rights can send this; the lock never granted fence 999.
+        await aredis.publish(channel, f"w 999 {ticket} 60000")
+    done, _ = await asyncio.wait({acquiring}, timeout=1.0)  # two polls and more
+    if done:
+        forged = acquiring.result()
+        await holder.release(lease_h)
+        with pytest.raises(LockError):
+            await waiter.release(forged)
+        pytest.fail(f"acquire() returned {forged!r} on a forged ring while the holder was inside")
+    await holder.release(lease_h)
+    lease_w = await acquiring
+    assert lease_w.fence != 999
+    await waiter.release(lease_w)
+
+
+# --- item 2: late copies of acquire, withdraw and release ----------------------------------
+
+
+async def test_a_late_copy_of_an_acquire_granted_and_released_changes_nothing(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = ScriptCalls(monkeypatch)
+    settings = {"lease_ms": 5000, "poll_ms": 500}
+    lock = FifoLock(clients(), "late-acquire", **settings)
+    mark = calls.mark()
+    lease = await lock.acquire(timeout=5, token="first")
+    copies = calls.since(mark, mentioning="first")
+    assert copies, "acquire made no script call naming its token"
+    await lock.release(lease)
+    for copy in copies:  # redis-py's re-sent copy, arriving after grant and release
+        await copy.replay(aredis)
+    queue = await aredis.zrange(lock.keys.key("queue"), 0, -1)
+    held_by = await holder_token(aredis, lock.keys)
+    newcomer = FifoLock(clients(), "late-acquire", **settings)
+    started = time.monotonic()
+    try:
+        lease_n = await newcomer.acquire(timeout=1.0)
+    except LockTimeout:
+        waited = "not within 1 s"
+    else:
+        waited = f"{time.monotonic() - started:.3f} s"
+        await newcomer.release(lease_n)
+    assert (queue, held_by) == ([], None), (
+        f"the late copy left queue {queue} and holder {held_by}; a new caller got the free "
+        f"lock {waited}"
+    )
+    assert waited != "not within 1 s"
+    assert time.monotonic() - started < 0.5, f"a new caller waited {waited} for a free lock"
+
+
+async def test_a_late_copy_of_a_withdrawal_never_gives_away_a_later_grant_of_the_same_token(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = ScriptCalls(monkeypatch)
+    settings = {"lease_ms": 5000, "poll_ms": 500}
+    holder = FifoLock(clients(), "late-withdraw", **settings)
+    lock = FifoLock(clients(), "late-withdraw", **settings)
+    lease_h = await holder.acquire(timeout=5)
+    mark = calls.mark()
+    with pytest.raises(LockTimeout):
+        await lock.acquire(timeout=0.3, token="v")  # queued, then withdrawn
+    copies = calls.since(mark, mentioning="v")  # its acquire and its withdrawal
+    again = asyncio.create_task(lock.acquire(timeout=10, token="v"))  # the same token, later
+    await until(lambda: queued(aredis, lock.keys, "v"), "v is queued again")
+    nxt = FifoLock(clients(), "late-withdraw", **settings)
+    next_waits = asyncio.create_task(nxt.acquire(timeout=15, token="n"))
+    await until(lambda: queued(aredis, lock.keys, "n"), "n is queued")
+    await holder.release(lease_h)
+    lease_v = await again
+    for copy in copies:  # the first request's copies arrive only now
+        await copy.replay(aredis)
+    held_by = await holder_token(aredis, lock.keys)
+    done, _ = await asyncio.wait({next_waits}, timeout=0.5)
+    try:
+        assert held_by == "v", f"after the late copies the lock is held by {held_by}, not v"
+        assert not done, "n was granted the lock while v still held it"
+    finally:
+        # Judged above; today this release may find the lock given away.
+        with contextlib.suppress(LeaseLost):
+            await lock.release(lease_v)
+        lease_n = await next_waits
+        await nxt.release(lease_n)
+
+
+async def test_a_release_sent_again_after_a_hundred_later_grants_is_already_released(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = ScriptCalls(monkeypatch)
+    lock = FifoLock(clients(), "old-release", lease_ms=5000, poll_ms=500)
+    lease = await lock.acquire(timeout=5, token="old")
+    mark = calls.mark()
+    await lock.release(lease)
+    copies = calls.since(mark, mentioning="old")
+    assert copies, "release made no script call naming its token"
+    for _ in range(100):
+        later = await lock.acquire(timeout=5)
+        await lock.release(later)
+    codes = [reply_code(await copy.replay(aredis)) for copy in copies]
+    assert NOT_HELD not in codes, f"the re-sent release answered NOT_HELD (replies {codes})"
+    assert ALREADY_RELEASED in codes, f"replies {codes}"
+    assert await holder_token(aredis, lock.keys) is None

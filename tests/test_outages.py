@@ -1,0 +1,217 @@
+"""Outages: requests whose fate is unknown, and acquire's timeout while Redis is silent.
+
+Issue 11, items 3 and 4. A request whose acquire raised ``RedisUnavailable``
+after its script ran is withdrawn once Redis answers again, so it stalls
+nobody; and ``acquire(timeout=T)`` returns within about T whatever Redis does
+(frozen with SIGSTOP, or behind a proxy that black-holes the connection), on
+every supported redis-py, its abandoned request being withdrawn later.
+
+The clients that must see an outage as an error have redis-py's retries off
+(``Retry(NoBackoff(), 0)``) and a short ``socket_timeout``: with retries, a
+redis-py 5-8 client re-sends the script on a new connection instead, which is
+what ``test_late_messages.py`` and the adversarial proxy scenario cover. The
+timeout tests use a client with redis-py's defaults (no socket timeout), as
+users have them: the bound must come from the lock, not from the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from redis_fifo_lock import FifoLock, LockError, RedisUnavailable
+from redis_fifo_lock.protocol import LockKeys
+from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+from tests.conftest import FaultProxyFactory
+from tests.support.polling import until
+
+pytestmark = pytest.mark.timeout(90)
+
+HANDOFF_BOUND_S = 1.5
+"""A free lock reaches the next waiter within this long (a round trip, generously)."""
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Callable[..., AsyncRedis]]:
+    """Makes clients (``url``, then ``Redis.from_url`` options), closed after the test."""
+    made: list[AsyncRedis] = []
+
+    def make(url: str, **options: Any) -> AsyncRedis:
+        client = AsyncRedis.from_url(url, **options)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+def no_retries() -> dict[str, Any]:
+    """Client options under which a lost reply surfaces as an error at once."""
+    return {"socket_timeout": 0.5, "retry": Retry(NoBackoff(), 0)}
+
+
+async def warm_up(lock: FifoLock) -> None:
+    """One acquire and release on a free lock: scripts loaded, eviction policy checked,
+    so that the fault hits the calls under test and not these one-time ones."""
+    lease = await lock.acquire(timeout=5)
+    await lock.release(lease)
+
+
+async def handoff_time(
+    admin: AsyncRedis, holder: FifoLock, lease: Any, waiter: FifoLock, token: str
+) -> float:
+    """Queue ``token`` on ``waiter`` behind ``lease``, release ``lease``, and return
+    how long the waiter then took to get the lock (inf if not within 10 s)."""
+    keys = waiter.keys
+    waiting = asyncio.create_task(waiter.acquire(timeout=30, token=token))
+    await until(
+        lambda: _queued(admin, keys, token) if not waiting.done() else _true(), f"{token} queued"
+    )
+    released = time.monotonic()
+    await holder.release(lease)
+    done, _ = await asyncio.wait({waiting}, timeout=10)
+    if not done:
+        waiting.cancel()  # withdraws; the lock is judged by the caller
+        await asyncio.gather(waiting, return_exceptions=True)
+        return float("inf")
+    took = time.monotonic() - released
+    await waiter.release(waiting.result())
+    return took
+
+
+async def _queued(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:
+    return await admin.zscore(keys.key("queue"), token) is not None
+
+
+async def _true() -> bool:
+    return True
+
+
+# --- item 3 --------------------------------------------------------------------------------
+
+
+async def test_requests_abandoned_by_an_outage_are_withdrawn_once_redis_answers_again(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+) -> None:
+    settings = {"lease_ms": 7000, "poll_ms": 1000}
+    proxy = fault_proxy(redis_url)
+    lock = FifoLock(clients(proxy.url, **no_retries()), "abandoned", **settings)
+    holder = FifoLock(clients(redis_url), "abandoned", **settings)
+    await warm_up(lock)
+    lease_h = await holder.acquire(timeout=5)
+    for n in range(3):
+        await lock.client.ping()  # a live connection to hold the reply on
+        proxy.hold("down", current_only=True)  # Redis runs the script; its reply is lost
+        with pytest.raises(RedisUnavailable):
+            await lock.acquire(timeout=5, token=f"lost-{n}")
+        proxy.release("down", deliver=False)
+        proxy.reset()
+        assert await _queued(aredis, lock.keys, f"lost-{n}"), "the fault came before the script"
+    # Redis answers again. A later waiter of the same process and client:
+    took = await handoff_time(aredis, holder, lease_h, lock, "later")
+    assert took < HANDOFF_BOUND_S, (
+        f"the next waiter got the free lock {took:.1f} s after its release (lease_ms 7000): "
+        "the three requests abandoned by the outage were granted to nobody"
+    )
+
+
+# --- item 4 --------------------------------------------------------------------------------
+
+
+def server_pid(server: PrivateRedis) -> int:
+    """The pid of a private server (from the pid file it writes in its datadir)."""
+    return int((server.datadir / f"redis-server.{server.port}.pid").read_text().strip())
+
+
+class Silence:
+    """Makes a server stop answering and brings it back: SIGSTOP/SIGCONT of the
+    process, or a proxy that black-holes both directions and then delivers late."""
+
+    def __init__(self, kind: str, server: PrivateRedis, proxy_url: str, proxy: Any) -> None:
+        self.kind = kind
+        self.server = server
+        self.proxy = proxy
+        self.url = server.url if kind == "sigstop" else proxy_url
+        self.silent = False
+
+    def start(self) -> None:
+        if self.kind == "sigstop":
+            os.kill(server_pid(self.server), signal.SIGSTOP)
+        else:
+            self.proxy.hold("up")
+            self.proxy.hold("down")
+        self.silent = True
+
+    def end(self) -> None:
+        if not self.silent:
+            return
+        self.silent = False
+        if self.kind == "sigstop":
+            os.kill(server_pid(self.server), signal.SIGCONT)
+        else:
+            self.proxy.release("up")  # the held acquire reaches Redis now, late
+            self.proxy.release("down")
+
+
+@pytest.fixture(params=["sigstop", "blackhole"])
+def silence(
+    request: pytest.FixtureRequest,
+    fresh_redis_server: PrivateRedisFactory,
+    fault_proxy: FaultProxyFactory,
+) -> Iterator[Silence]:
+    """A private server that the test can silence (the parameter says how)."""
+    server = fresh_redis_server()
+    proxy = fault_proxy(server.url)
+    fault = Silence(request.param, server, proxy.url, proxy)
+    try:
+        yield fault
+    finally:
+        fault.end()  # never leave a stopped server behind
+
+
+async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answer(
+    silence: Silence, clients: Callable[..., AsyncRedis]
+) -> None:
+    settings = {"lease_ms": 10_000, "poll_ms": 1000}
+    admin = clients(silence.server.url)
+    holder = FifoLock(clients(silence.server.url), "silent", **settings)
+    lock = FifoLock(clients(silence.url), "silent", **settings)  # redis-py's defaults
+    await warm_up(FifoLock(lock.client, "warm-up", **settings))
+    lease_h = await holder.acquire(timeout=5)
+    silence.start()
+    started = time.monotonic()
+    acquiring = asyncio.create_task(lock.acquire(timeout=2, token="abandoned"))
+    # Not wait_for: cancelling the acquire would wait for its withdrawal, which
+    # cannot reach a silent server either. The bound only keeps the test short.
+    done, _ = await asyncio.wait({acquiring}, timeout=8)
+    took = time.monotonic() - started
+    silence.end()
+    if done:
+        error = acquiring.exception()
+        assert isinstance(error, LockError), f"acquire ended with {error!r}, not a LockError"
+    else:
+        acquiring.cancel()
+        await asyncio.gather(acquiring, return_exceptions=True)
+    assert took < 2 + 1.0, (
+        f"acquire(timeout=2) returned after {took:.1f} s while the server was silent "
+        f"({silence.kind})" + ("" if done else ": it had not returned when the test gave up")
+    )
+    # Redis answers again: the request abandoned meanwhile must not stall the lock.
+    took = await handoff_time(admin, holder, lease_h, lock, "later")
+    assert took < HANDOFF_BOUND_S, (
+        f"the next waiter got the free lock {took:.1f} s after its release: the request "
+        "abandoned during the silence was not withdrawn"
+    )

@@ -1,0 +1,70 @@
+"""Renewals and releases never queue behind polls and enqueues.
+
+Issue 11, item 8: with 20,000 waiters queued in the holder's own process (one
+client, one loop), the holder's renewals must still reach Redis in time, so
+its lease is not lost, and its release goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from redis_fifo_lock import FifoLock, LockError
+from redis_fifo_lock.testing import PrivateRedisFactory
+
+pytestmark = pytest.mark.timeout(180)
+
+WAITERS = 20_000
+SETTINGS = {"lease_ms": 1500, "poll_ms": 750}
+
+
+async def test_a_holder_keeps_its_lease_with_twenty_thousand_waiters_queued_in_its_process(
+    fresh_redis_server: PrivateRedisFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = fresh_redis_server()  # its own: shut down at the end to end 20,000 waits fast
+    client = AsyncRedis.from_url(server.url, retry=Retry(NoBackoff(), 0))
+    holder = FifoLock(client, "crowded", **SETTINGS)
+    lease = await holder.acquire(timeout=5)
+    waiters = [
+        asyncio.create_task(FifoLock(client, "crowded", **SETTINGS).acquire(timeout=60))
+        for _ in range(WAITERS)
+    ]
+    try:
+        lost = asyncio.create_task(lease.wait_lost())
+        hold_s = 3 * SETTINGS["lease_ms"] / 1000
+        await asyncio.wait({lost}, timeout=hold_s)  # the hold: three lease lengths
+        lost.cancel()
+        assert not lease.lost, (
+            f"the holder lost its lease within {hold_s:g} s while {WAITERS} waiters of its "
+            f"process were queued: {lease.lost_reason}"
+        )
+        started = time.monotonic()
+        await holder.release(lease)  # raises LeaseLost if it was lost meanwhile
+        took = time.monotonic() - started
+        assert took < SETTINGS["lease_ms"] / 1000, f"the release took {took:.1f} s"
+    finally:
+        # Stop the server, so that the waiters' withdrawals fail at once (20,000
+        # warnings that say so are not worth keeping).
+        caplog.set_level(logging.ERROR, logger="redis_fifo_lock")
+        with contextlib.suppress(RedisError), Redis.from_url(server.url) as admin:
+            admin.shutdown(nosave=True)
+        for waiter in waiters:
+            waiter.cancel()
+        outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+        await client.aclose()
+    unexpected = [
+        o
+        for o in outcomes
+        if isinstance(o, BaseException) and not isinstance(o, (LockError, asyncio.CancelledError))
+    ]
+    assert unexpected == [], f"waiters ended with {unexpected[:3]}"
