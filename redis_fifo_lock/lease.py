@@ -33,6 +33,8 @@ class Lease:
             the script call that granted (or last renewed) it was *sent*, so it
             is never later than Redis's expiry of the grant, however late the
             reply was read. ``lost`` is True from then on.
+        call: id (str) of the acquire call the grant answered; with ``token`` it
+            names the request in Redis's record of finished requests.
         pid: id (int) of the process that acquired the lease. Only that process
             can release it: a child forked while the lease was held inherits
             this object but not the hold, and releasing it there raises
@@ -47,6 +49,7 @@ class Lease:
         ticket: int,
         expires_at: float = math.inf,
         *,
+        call: str = "-",
         pid: int | None = None,
     ) -> None:
         self.name = name
@@ -54,6 +57,7 @@ class Lease:
         self.fence = fence
         self.ticket = ticket
         self.expires_at = expires_at
+        self.call = call
         self.pid = os.getpid() if pid is None else pid
         self.released = False
         self.releasing = False  # set when release() starts: later refusals are expected

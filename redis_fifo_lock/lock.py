@@ -21,6 +21,7 @@ import contextlib
 import logging
 import math
 import secrets
+import sys
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable
@@ -68,11 +69,19 @@ less of its ``timeout`` is left (so that ``timeout=0`` still tries once)."""
 
 async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
     """Await ``awaitable``, raising ``asyncio.TimeoutError`` at loop time ``deadline``
-    (or ``ATTEMPT_FLOOR_S`` from now, if that is later)."""
+    (or ``ATTEMPT_FLOOR_S`` from now, if that is later).
+
+    On Python 3.11+ with ``asyncio.timeout_at``, which creates no task: 10,000
+    waiters starting at once must not flood the loop that renews the leases.
+    """
     if deadline is None:
         return await awaitable
-    remaining = deadline - asyncio.get_running_loop().time()
-    return await asyncio.wait_for(awaitable, max(ATTEMPT_FLOOR_S, remaining))
+    loop = asyncio.get_running_loop()
+    until = max(deadline, loop.time() + ATTEMPT_FLOOR_S)
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout_at(until):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, until - loop.time())
 RENEWAL_END_RECHECK_S = 0.02
 """Seconds between checks, after a release, that its cancelled renewal ended."""
 RENEWAL_END_WAIT_S = 1.0
@@ -296,11 +305,6 @@ class FifoLock:
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
         try:
-            try:
-                await _within(hub.reclaim(self.keys, token), deadline)
-                await _within(hub.check_eviction_policy(self.name), deadline)
-            except asyncio.TimeoutError:
-                raise self._timed_out(group, started, wait_s or 0.0) from None
             return await self._acquire(hub, group, waiter, started, deadline)
         finally:
             group.leave(token)
@@ -314,8 +318,7 @@ class FifoLock:
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:
             await self._give_up(hub, group, waiter)
             raise self._timed_out(group, started, deadline - started)
-        assert waiter.ticket is not None
-        group.wait(waiter, waiter.ticket)
+        group.wait()
         while True:
             try:
                 hinted = await waiter.next_hint(deadline)
@@ -345,11 +348,16 @@ class FifoLock:
         ``waiter.ticket`` set. On any failure whose outcome at Redis is unknown
         (no reply, cancelled, timed out) the request is withdrawn, now or as soon
         as Redis answers."""
+
+        async def send() -> tuple[Grant | None, int, int]:
+            if not requeue:
+                await hub.reclaim(self.keys, waiter.token)
+                await hub.check_eviction_policy(self.name)
+            return await group.enqueue(waiter, requeue=requeue)
+
         sent = time.monotonic()
         try:
-            grant, ticket, holder_fence = await _within(
-                group.enqueue(waiter.token, requeue=requeue), deadline
-            )
+            grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
             await self._give_up(hub, group, waiter)
@@ -359,15 +367,15 @@ class FifoLock:
         except BaseException as exc:
             # The script may have run: withdraw by token alone, which also keeps
             # a copy of it still on its way from queueing it later.
-            waiter.ticket = None
-            hub.withdraw(group, waiter.token, 0)
+            waiter.queued(None)
+            hub.withdraw(group, waiter.token, 0, waiter.call)
             if isinstance(exc, asyncio.TimeoutError):
                 raise self._timed_out(group, started, (deadline or started) - started) from None
             raise
         group.holder_fence = holder_fence or None
-        waiter.ticket = ticket
+        waiter.queued(ticket)
         if grant is not None:
-            return self._start_lease(hub, waiter.token, grant, sent)
+            return self._start_lease(hub, waiter, grant, sent)
         return None
 
     async def _claim(
@@ -376,7 +384,8 @@ class FifoLock:
         """A hint came: ask Redis whether the request holds the lock. Returns the
         lease, dated by when the claim was sent, or None to keep waiting (a stale
         or forged hint). A request that lost its place joins the queue again."""
-        assert waiter.ticket is not None
+        if waiter.ticket is None:
+            return None  # its acquire has not replied: nothing to claim yet
         sent = time.monotonic()
         try:
             reply = await _within(group.claim(waiter.token, waiter.ticket), deadline)
@@ -394,9 +403,9 @@ class FifoLock:
             )
             return None
         if reply.grant is not None:
-            return self._start_lease(hub, waiter.token, reply.grant, sent)
+            return self._start_lease(hub, waiter, reply.grant, sent)
         if reply.queued_ticket is not None:
-            waiter.ticket = reply.queued_ticket
+            waiter.queued(reply.queued_ticket)
             return None
         # Lost its place: its grant expired before this process claimed it, or
         # the process was presumed dead (it could not poll for a whole lease).
@@ -414,7 +423,7 @@ class FifoLock:
         """Withdraw the request (its ticket, or by token if its acquire's fate is
         unknown), waiting for Redis's answer at most ``WITHDRAW_GRACE_S``; after
         that the hub keeps trying in the background."""
-        done = hub.withdraw(group, waiter.token, waiter.ticket or 0)
+        done = hub.withdraw(group, waiter.token, waiter.ticket or 0, waiter.call)
         await asyncio.wait({done}, timeout=WITHDRAW_GRACE_S)
 
     def _timed_out(self, group: WaitGroup, started: float, wait_s: float) -> LockTimeout:
@@ -427,11 +436,15 @@ class FifoLock:
             holder_fence=group.holder_fence,
         )
 
-    def _start_lease(self, hub: Hub, token: str, grant: Grant, sent: float) -> Lease:
-        """The lease for ``grant``, whose ``pttl_ms`` Redis reported in reply to a
-        call sent at ``sent`` (``time.monotonic()``): it ends no later than that."""
-        lease = Lease(self.name, token, grant.fence, grant.ticket, sent + grant.pttl_ms / 1000)
-        hub.leases[token] = lease
+    def _start_lease(self, hub: Hub, waiter: Waiter, grant: Grant, sent: float) -> Lease:
+        """The lease for ``waiter``'s ``grant``, whose ``pttl_ms`` Redis reported in
+        reply to a call sent at ``sent`` (``time.monotonic()``): it ends no later
+        than that."""
+        expires_at = sent + grant.pttl_ms / 1000
+        lease = Lease(
+            self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
+        )
+        hub.leases[waiter.token] = lease
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         loop = asyncio.get_running_loop()
         lease._renewal = Renewal(loop, first_at, lambda r: self._renew(hub, lease, r))
@@ -575,7 +588,12 @@ class FifoLock:
         try:
             async with hub.urgent:
                 outcome = await self._protocol.release(
-                    hub.client, self.keys, lease.token, lease.fence, self.settings.keep_ms
+                    hub.client,
+                    self.keys,
+                    lease.token,
+                    lease.fence,
+                    self.settings.keep_ms,
+                    lease.call,
                 )
         except BaseException:
             lease.releasing = False

@@ -290,18 +290,20 @@ class Protocol:
         session: str,
         settings: LockSettings,
         *,
+        call: str,
         requeue: bool = False,
     ) -> tuple[Grant | None, int, int]:
         """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
 
-        ``requeue``: the request lost its place (its grant expired unclaimed, or
-        its session was presumed dead) and joins again at the back.
+        ``call``: id of this acquire call (see acquire.lua). ``requeue``: the
+        request lost its place (its grant expired unclaimed, or its session was
+        presumed dead) and joins again at the back.
 
         Raises:
             NotReplicated: (with ``replicas``) granted, but not acknowledged by
                 enough replicas; the grant is still made, for the caller to give back.
-            LockUsageError: the request ``token`` already ended (released,
-                withdrawn...) within ``settings.keep_ms``: a token names one request.
+            LockUsageError: this call's request already ended (released,
+                withdrawn...) within ``settings.keep_ms``.
         """
         args = (
             keys.doorbell,
@@ -312,6 +314,7 @@ class Protocol:
             settings.lease_ms,
             settings.keep_ms,
             int(requeue),
+            call,
         )
         acked = 0
         if self.replicas:
@@ -327,8 +330,8 @@ class Protocol:
             raise LockUsageError(
                 keys.name,
                 f"the request with token {token!r} already ended "
-                f"({ENDED_HOW[int(reply[1])]}) less than {settings.keep_ms} ms ago; a token "
-                "names one request: acquire again with a new token",
+                f"({ENDED_HOW[int(reply[1])]}) less than {settings.keep_ms} ms ago; "
+                "call acquire again",
             )
         return None, int(reply[1]), int(reply[2])
 
@@ -357,11 +360,12 @@ class Protocol:
         return ClaimReply(None, int(reply[1]) or None)
 
     async def release(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int, call: str
     ) -> int:
-        """Release (token, fence); returns RELEASED, ALREADY_RELEASED or NOT_HELD."""
+        """Release (token, fence), granted to acquire call ``call``; returns
+        RELEASED, ALREADY_RELEASED or NOT_HELD."""
         return int(
-            await self._call(client, keys, "release", keys.doorbell, token, fence, keep_ms)
+            await self._call(client, keys, "release", keys.doorbell, token, fence, keep_ms, call)
         )
 
     async def renew(
@@ -392,12 +396,14 @@ class Protocol:
         ticket: int,
         session: str,
         keep_ms: int,
+        call: str,
     ) -> int:
-        """Withdraw request (token, ticket) of ``session`` (ticket 0: not known);
-        returns WITHDRAWN, GAVE_BACK or NOTHING."""
+        """Withdraw request (token, ticket) of ``session`` (ticket 0: not known,
+        then the request made by acquire call ``call``); returns WITHDRAWN,
+        GAVE_BACK or NOTHING."""
         return int(
             await self._call(
-                client, keys, "withdraw", keys.doorbell, token, ticket, session, keep_ms
+                client, keys, "withdraw", keys.doorbell, token, ticket, session, keep_ms, call
             )
         )
 

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,11 +41,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("redis_fifo_lock")
 
 MAX_CONCURRENT_CALLS = 2
-"""Enqueues, polls, withdrawals and status calls one hub runs at once."""
+"""Enqueues, claims, polls, withdrawals and status calls one hub runs at once."""
 
 MAX_URGENT_CALLS = 1
-"""Claims, renewals and releases one hub runs at once, in a lane of their own so
-that they never queue behind enqueues and polls (with the doorbell: at most 4
+"""Renewals and releases one hub runs at once, in a lane of their own so that
+they never queue behind enqueues, claims and polls (with the doorbell: at most 4
 connections per hub)."""
 
 RETRY_AFTER_ERROR_S = 0.5
@@ -64,14 +65,23 @@ class Waiter:
 
     Attributes:
         token: the request's token (str).
+        call: the id (str) of the acquire call waiting, unique per call.
         ticket: its ticket (int) once the acquire script replied, else None.
+        queued_at: when (``time.monotonic()`` seconds) that reply arrived.
     """
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
         self.token = token
+        self.call = secrets.token_hex(8)
         self.ticket: int | None = None
+        self.queued_at: float | None = None
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
+
+    def queued(self, ticket: int | None) -> None:
+        """The acquire script replied: the request has ``ticket`` (None: unknown)."""
+        self.ticket = ticket
+        self.queued_at = None if ticket is None else time.monotonic()
 
     def hint(self) -> None:
         """A ring or a poll suggests that this request may hold the lock (or lost
@@ -133,9 +143,8 @@ class WaitGroup:
         self.waiters[token] = waiter
         return waiter
 
-    def wait(self, waiter: Waiter, ticket: int) -> None:
-        """``waiter`` is queued with ``ticket``: make sure the group polls."""
-        waiter.ticket = ticket
+    def wait(self) -> None:
+        """A waiter is queued: make sure the group polls."""
         if self._poller is None:
             self._poller = asyncio.create_task(self._poll_loop())
 
@@ -161,18 +170,26 @@ class WaitGroup:
         if waiter is not None:
             waiter.hint()
         elif grant.ticket > 0 and token not in self.hub.leases:
-            self.hub.withdraw(self, token, grant.ticket)
+            self.hub.withdraw(self, token, grant.ticket, "-")
 
-    async def enqueue(self, token: str, *, requeue: bool = False) -> tuple[Grant | None, int, int]:
-        """Run the acquire script for ``token``: (grant or None, ticket, holder fence)."""
+    async def enqueue(
+        self, waiter: Waiter, *, requeue: bool = False
+    ) -> tuple[Grant | None, int, int]:
+        """Run the acquire script for ``waiter``: (grant or None, ticket, holder fence)."""
         async with self.hub.calls:
             return await self.protocol.acquire(
-                self.hub.client, self.keys, token, self.session, self.settings, requeue=requeue
+                self.hub.client,
+                self.keys,
+                waiter.token,
+                self.session,
+                self.settings,
+                call=waiter.call,
+                requeue=requeue,
             )
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
         """Run the claim script for request (token, ticket)."""
-        async with self.hub.urgent:
+        async with self.hub.calls:
             return await self.protocol.claim(
                 self.hub.client, self.keys, token, ticket, self.settings
             )
@@ -223,6 +240,7 @@ class WaitGroup:
 
     async def _poll_once(self) -> float:
         """One poll; returns seconds until the next one."""
+        sent = time.monotonic()
         try:
             async with self.hub.calls:
                 reply = await self.protocol.poll(
@@ -233,7 +251,7 @@ class WaitGroup:
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
             return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)
-        self._settle(reply)
+        self._settle(reply, sent)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:
             # Poll again right after the current lease would expire, so a dead
@@ -241,12 +259,14 @@ class WaitGroup:
             return min(poll_s, reply.grant.pttl_ms / 1000 + 0.002)
         return poll_s
 
-    def _settle(self, reply: PollReply) -> None:
-        """Wake the waiters the poll concerns: the holder, if it waits here, and
-        those no longer queued (their claim finds out why, and they queue again)."""
+    def _settle(self, reply: PollReply, sent: float) -> None:
+        """Wake the waiters the poll (sent at ``sent``) concerns: the holder, if it
+        waits here, and those no longer queued (their claim finds out why, and
+        they queue again). A waiter whose acquire had not replied before the poll
+        was sent may have queued after the poll ran: the next poll tells."""
         self.holder_fence = reply.grant.fence if reply.grant else None
         for waiter in self.waiters.values():
-            if waiter.ticket is None:
+            if waiter.ticket is None or waiter.queued_at is None or waiter.queued_at > sent:
                 continue
             lost_place = reply.head_ticket is None or waiter.ticket < reply.head_ticket
             if waiter.token == reply.holder or lost_place:
@@ -260,8 +280,10 @@ class _Withdrawal:
     group: WaitGroup
     token: str
     ticket: int
+    call: str
     done: asyncio.Future[None]
     failures: int = 0
+    sending: bool = False
 
 
 class Hub:
@@ -274,8 +296,8 @@ class Hub:
     Attributes:
         session: this hub's liveness session id (str), the stem of its wait
             groups' sessions.
-        calls: the lane for enqueues, polls, withdrawals and status reads.
-        urgent: the lane for claims, renewals and releases.
+        calls: the lane for enqueues, claims, polls, withdrawals and status reads.
+        urgent: the lane for renewals and releases.
         leases: the leases granted through this hub and not yet released, by
             token (held weakly).
     """
@@ -313,9 +335,12 @@ class Hub:
         if self.groups.get((group.keys, group.settings)) is group:
             del self.groups[(group.keys, group.settings)]
 
-    def withdraw(self, group: WaitGroup, token: str, ticket: int) -> asyncio.Future[None]:
+    def withdraw(
+        self, group: WaitGroup, token: str, ticket: int, call: str
+    ) -> asyncio.Future[None]:
         """Withdraw request (token, ticket) of ``group`` (ticket 0 when its acquire's
-        fate is unknown), now and again until Redis answers.
+        fate is unknown: then the request made by acquire call ``call``), now and
+        again until Redis answers.
 
         Returns a future that is done once Redis confirmed the withdrawal. The
         withdrawal is kept (at most ``MAX_WITHDRAWALS``) and retried every
@@ -338,17 +363,25 @@ class Hub:
                 oldest[1],
             )
         done = self.loop.create_future()
-        self._withdrawals[key] = _Withdrawal(group, token, ticket, done)
+        self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
         if self._withdrawer is None or self._withdrawer.done():
             self._withdrawer = self.loop.create_task(self._withdraw_pending())
         return done
 
     async def reclaim(self, keys: LockKeys, token: str) -> None:
-        """``token`` is asked for again: if its withdrawal is pending, wait for it
-        to end first, so that the new acquire reaches Redis after it."""
-        pending = self._withdrawals.get((keys, token))
-        if pending is not None:
-            await asyncio.wait({pending.done})
+        """``token`` is asked for again (a retry after ``RedisUnavailable``): a
+        withdrawal of its request not yet sent is dropped, so the new call takes
+        the request over (and keeps its place); one already sent is waited for,
+        so that the new acquire reaches Redis after it."""
+        key = (keys, token)
+        pending = self._withdrawals.get(key)
+        if pending is None:
+            return
+        if not pending.sending:
+            del self._withdrawals[key]
+            pending.done.cancel()
+            return
+        await asyncio.wait({pending.done})
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
@@ -364,6 +397,9 @@ class Hub:
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
+        if self._withdrawals.get((group.keys, withdrawal.token)) is not withdrawal:
+            return True  # taken over by a retry of the same token meanwhile
+        withdrawal.sending = True
         try:
             async with self.calls:
                 outcome = await asyncio.wait_for(
@@ -374,10 +410,12 @@ class Hub:
                         withdrawal.ticket,
                         group.session,
                         group.settings.keep_ms,
+                        withdrawal.call,
                     ),
                     WITHDRAW_TRY_S,
                 )
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            withdrawal.sending = False
             withdrawal.failures += 1
             log.log(
                 logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,

@@ -307,7 +307,7 @@ async def test_a_retry_with_the_same_token_keeps_its_place(aredis: Redis) -> Non
     again = FifoLock(aredis, "jobs", **FAST)
     hub_group_session = "retry-session"
     grant, same_ticket, _ = await again._protocol.acquire(
-        aredis, again.keys, "early", hub_group_session, again.settings
+        aredis, again.keys, "early", hub_group_session, again.settings, call="retry"
     )
     assert grant is None and same_ticket == ticket
     await lock.release(holder)
@@ -322,7 +322,9 @@ async def test_a_retried_acquire_of_a_granted_request_returns_the_same_grant(
 ) -> None:
     lock = fast_lock(aredis)
     lease = await lock.acquire(token="mine")
-    grant, _, _ = await lock._protocol.acquire(aredis, lock.keys, "mine", "s", lock.settings)
+    grant, _, _ = await lock._protocol.acquire(
+        aredis, lock.keys, "mine", "s", lock.settings, call="retry"
+    )
     assert grant is not None and grant.fence == lease.fence
     assert (await lock.status()).fence == lease.fence  # not granted twice
     await lock.release(lease)
@@ -335,7 +337,8 @@ async def test_releasing_twice_is_a_no_op(aredis: Redis) -> None:
     await lock.release(lease)
     # A release that Redis sees twice (a lost reply, re-sent) is a no-op too.
     keep_ms = lock.settings.keep_ms
-    assert await lock._protocol.release(aredis, lock.keys, lease.token, lease.fence, keep_ms) == 0
+    token, fence, call = lease.token, lease.fence, lease.call
+    assert await lock._protocol.release(aredis, lock.keys, token, fence, keep_ms, call) == 0
 
 
 async def test_tasks_sharing_a_lock_cannot_release_each_others_grant(aredis: Redis) -> None:

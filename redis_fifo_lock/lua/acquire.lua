@@ -13,39 +13,44 @@
 -- ARGV[8] requeue: 1 when the request lost its place (its grant expired
 --         unclaimed, or its session was presumed dead) and joins again at the
 --         back; 0 for a first (or re-sent) acquire
+-- ARGV[9] call: id of the acquire call sending this (unique per call); a call
+--         that finds its token queued or granted adopts that request
 --
 -- Returns:
 --   {1, fence, ticket, pttl_ms}  granted (now, or already: a re-sent acquire
 --                                returns the same grant and never grants twice)
 --   {0, ticket, holder_fence}    queued; the ticket is kept across re-sends;
 --                                holder_fence is the current holder's fence
---   {-1, how}                    refused: the request already ended (how is an
---                                ENDED_* code) - a late copy of its acquire
---                                changes nothing, and a token names one request
+--   {-1, how}                    refused: this call's request already ended (how
+--                                is an ENDED_* code): a late copy of its acquire
+--                                changes nothing
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local keep_ms, requeue = tonumber(ARGV[7]), ARGV[8] == '1'
+local keep_ms, requeue, call = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9]
 local now, now_us = clock()
 
 local held = current_grant()
 if held and held[1] == token then
+    redis.call('HSET', K_LEASE, 'call', call)
+    redis.call('HSET', K_COUNTERS, 'holder_call', call)
     return {1, held[2], held[3], held[4]}
 end
 
 local ticket = tonumber(redis.call('ZSCORE', K_QUEUE, token))
 if not ticket then
-    local how = ended(token)
+    local how = ended(token, call)
     -- Only a request that lost its place without giving it up may come back.
     if how and not (requeue and (how == ENDED_LOST or how == ENDED_DROPPED)) then
         return {-1, how}
     end
     if how then
-        redis.call('ZREM', K_FINISHED, token)
+        redis.call('ZREM', K_FINISHED, token .. ' ' .. call)
     end
     ticket = next_number('ticket', now_us)
     redis.call('ZADD', K_QUEUE, int(ticket), token)
-    redis.call('HSET', K_WAITERS, token, session .. ' ' .. lease_ms .. ' ' .. max_hold_ms)
 end
+redis.call('HSET', K_WAITERS, token,
+    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
 local granted = grant_next(now, now_us, doorbell, keep_ms, token)

@@ -15,7 +15,8 @@
 --                                ticket if it is still queued, else 0 (its grant
 --                                expired unclaimed, or it was dropped or ended)
 --   {-2}                         held by it, but the max-hold deadline has passed
-local token, ticket, lease_ms, keep_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local token, ticket = ARGV[1], tonumber(ARGV[2])
+local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= ticket then
     return {0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0}

@@ -3,15 +3,20 @@
 --
 -- KEYS (the same six for every script, all under the lock's hash tag):
 --   KEYS[1] queue     sorted set: request token -> ticket (arrival order)
---   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms>"
+--   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms> <call>"
 --   KEYS[3] alive     sorted set: session id -> alive-until (server ms)
---   KEYS[4] lease     hash {token, fence, ticket, session, deadline}; exists while
---                     held, expires (PEXPIRE) when not renewed
+--   KEYS[4] lease     hash {token, fence, ticket, session, call, deadline}; exists
+--                     while held, expires (PEXPIRE) when not renewed
 --   KEYS[5] counters  hash {ticket, fence}: the last ticket and fence issued;
---                     {holder, holder_ticket}: the grant last made and not yet
+--                     {holder, holder_call}: the grant last made and not yet
 --                     ended by a script (to notice that its lease expired)
---   KEYS[6] finished  sorted set: request token -> finished_ms * 4 + how it ended
---                     (ENDED_*), kept keep_ms: recognises a re-sent script
+--   KEYS[6] finished  sorted set: "<token> <call>" -> finished_ms * 4 + how the
+--                     request ended (ENDED_*), kept keep_ms: recognises a re-sent
+--                     script
+--
+-- A request is named by its token (the caller's, kept across retries) and the
+-- id of the acquire call that made it, or adopted it (a retry with the same
+-- token takes the queued request over). Redis gives it a ticket when it queues.
 --
 -- Every script that writes ends with touch(keep_ms): all keys but the lease
 -- expire once the name has been idle (no script at all) for keep_ms, so an
@@ -46,17 +51,27 @@ local function next_number(field, now_us)
     return n
 end
 
--- Record that request `token` ended (ENDED_*), and forget requests that ended
--- more than keep_ms ago.
-local function finish(token, how, now, keep_ms)
-    redis.call('ZADD', K_FINISHED, int(now * 4 + how), token)
+-- Record that request (token, call) ended (ENDED_*), and forget requests that
+-- ended more than keep_ms ago.
+local function finish(token, call, how, now, keep_ms)
+    redis.call('ZADD', K_FINISHED, int(now * 4 + how), token .. ' ' .. call)
     redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', '(' .. int((now - keep_ms) * 4))
 end
 
--- How request `token` ended (ENDED_*), or nil if it did not end within keep_ms.
-local function ended(token)
-    local score = tonumber(redis.call('ZSCORE', K_FINISHED, token))
+-- How request (token, call) ended (ENDED_*), or nil if it did not end within keep_ms.
+local function ended(token, call)
+    local score = tonumber(redis.call('ZSCORE', K_FINISHED, token .. ' ' .. call))
     return score and score % 4
+end
+
+-- A queued request's {session, lease_ms, max_hold_ms, call}, or nil.
+local function waiter_of(token)
+    local meta = redis.call('HGET', K_WAITERS, token)
+    if not meta then
+        return nil
+    end
+    local session, lease_ms, max_hold_ms, call = string.match(meta, '^(%S+) (%d+) (%d+) (%S+)$')
+    return session and {session, tonumber(lease_ms), tonumber(max_hold_ms), call}
 end
 
 -- Every key but the lease expires keep_ms after the last script that wrote.
@@ -76,10 +91,10 @@ local function current_grant()
 end
 
 -- The grant ended by a script (released or given back): it is not lost.
-local function end_grant(token, how, now, keep_ms)
+local function end_grant(token, call, how, now, keep_ms)
     redis.call('DEL', K_LEASE)
-    redis.call('HDEL', K_COUNTERS, 'holder', 'holder_ticket')
-    finish(token, how, now, keep_ms)
+    redis.call('HDEL', K_COUNTERS, 'holder', 'holder_call')
+    finish(token, call, how, now, keep_ms)
 end
 
 -- Hand the lock to the first live waiter when nobody holds it (the hand-off).
@@ -100,10 +115,10 @@ local function grant_next(now, now_us, doorbell, keep_ms, caller)
     if redis.call('EXISTS', K_LEASE) == 1 then
         return nil
     end
-    local expired = redis.call('HMGET', K_COUNTERS, 'holder', 'holder_ticket')
+    local expired = redis.call('HMGET', K_COUNTERS, 'holder', 'holder_call')
     if expired[1] then
-        redis.call('HDEL', K_COUNTERS, 'holder', 'holder_ticket')
-        finish(expired[1], ENDED_LOST, now, keep_ms)
+        redis.call('HDEL', K_COUNTERS, 'holder', 'holder_call')
+        finish(expired[1], expired[2] or '-', ENDED_LOST, now, keep_ms)
     end
     redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', now)
     while true do
@@ -112,21 +127,18 @@ local function grant_next(now, now_us, doorbell, keep_ms, caller)
             return nil
         end
         local token, ticket = head[1], tonumber(head[2])
-        local meta = redis.call('HGET', K_WAITERS, token)
+        local waiter = waiter_of(token)
         redis.call('ZREM', K_QUEUE, token)
         redis.call('HDEL', K_WAITERS, token)
-        local session, lease_ms, max_hold_ms
-        if meta then
-            session, lease_ms, max_hold_ms = string.match(meta, '^(%S+) (%d+) (%d+)$')
-        end
-        local alive_until = session and tonumber(redis.call('ZSCORE', K_ALIVE, session))
+        local alive_until = waiter and tonumber(redis.call('ZSCORE', K_ALIVE, waiter[1]))
         if alive_until then
-            local ttl = math.min(tonumber(lease_ms), alive_until - now)
+            local session, call = waiter[1], waiter[4]
+            local ttl = math.min(waiter[2], alive_until - now)
             local fence = next_number('fence', now_us)
-            redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket',
-                int(ticket), 'session', session, 'deadline', int(now + tonumber(max_hold_ms)))
+            redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket', int(ticket),
+                'session', session, 'call', call, 'deadline', int(now + waiter[3]))
             redis.call('PEXPIRE', K_LEASE, ttl)
-            redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_ticket', int(ticket))
+            redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
             if token ~= caller then
                 redis.pcall('PUBLISH', doorbell .. ':' .. session,
                     token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl))
@@ -135,6 +147,6 @@ local function grant_next(now, now_us, doorbell, keep_ms, caller)
         end
         -- Dead waiter (or an entry whose metadata was lost): skipped, and
         -- recorded, so that a late copy of its acquire cannot queue it again.
-        finish(token, ENDED_DROPPED, now, keep_ms)
+        finish(token, waiter and waiter[4] or '-', ENDED_DROPPED, now, keep_ms)
     end
 end

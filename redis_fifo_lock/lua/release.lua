@@ -6,20 +6,22 @@
 -- ARGV[2] request token of the lease
 -- ARGV[3] fence of the lease
 -- ARGV[4] keep_ms: see acquire.lua
+-- ARGV[5] call: id of the acquire call the lease answered (see acquire.lua)
 --
 -- Returns:
 --    1  released (and handed off if anyone was waiting)
 --    0  this lease was already released: a re-sent release (hands off if the
 --       first one freed the lock without doing so)
 --   -1  the lease is not held: it expired or was never granted (lease lost)
-local doorbell, token, fence, keep_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local keep_ms, call = tonumber(ARGV[4]), ARGV[5]
 local now, now_us = clock()
 local held = current_grant()
 local result = -1
 if held and held[1] == token and held[2] == fence then
-    end_grant(token, ENDED_RELEASED, now, keep_ms)
+    end_grant(token, call, ENDED_RELEASED, now, keep_ms)
     result = 1
-elseif ended(token) == ENDED_RELEASED then
+elseif ended(token, call) == ENDED_RELEASED then
     -- A re-sent release. The first one may have been cut short after freeing
     -- the lock (a Redis Cluster slot migrating mid-script): the hand-off below
     -- then happens now, rather than at the next poll.

@@ -11,7 +11,8 @@
 --   {1, pttl_ms}  renewed; the lease now lives pttl_ms more
 --   {0}           refused: the lease is not held by this holder any more
 --   {-2}          refused: the max-hold deadline has passed
-local token, fence, lease_ms, keep_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local token, fence = ARGV[1], tonumber(ARGV[2])
+local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= fence then
     return {0}
