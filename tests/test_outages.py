@@ -119,10 +119,10 @@ async def test_requests_abandoned_by_an_outage_are_withdrawn_once_redis_answers_
             await lock.acquire(timeout=5, token=f"lost-{n}")
         proxy.release("down", deliver=False)
         proxy.reset()
+        # The proxy cut every connection: drop them from the pool (its retries are
+        # off), so that the next command does not fail on a dead socket.
+        await lock.client.connection_pool.disconnect()
         assert await _queued(aredis, lock.keys, f"lost-{n}"), "the fault came before the script"
-    # The proxy cut every connection: drop them from the pool (its retries are off),
-    # so that the next command does not fail on a dead socket.
-    await lock.client.connection_pool.disconnect()
     # Redis answers again. A later waiter of the same process and client:
     took = await handoff_time(aredis, holder, lease_h, lock, "later")
     assert took < HANDOFF_BOUND_S, (
