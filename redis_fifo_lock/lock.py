@@ -365,10 +365,13 @@ class FifoLock:
         except LockUsageError:
             raise
         except BaseException as exc:
-            # The script may have run: withdraw by token alone, which also keeps
-            # a copy of it still on its way from queueing it later.
+            # The script may have run: withdraw what this call made, which also
+            # keeps a copy of it still on its way from queueing it later.
             waiter.queued(None)
-            hub.withdraw(group, waiter.token, 0, waiter.call)
+            if isinstance(exc, asyncio.CancelledError):
+                await asyncio.shield(self._give_up(hub, group, waiter))
+            else:
+                hub.withdraw(group, waiter.token, 0, waiter.call)
             if isinstance(exc, asyncio.TimeoutError):
                 raise self._timed_out(group, started, (deadline or started) - started) from None
             raise
@@ -444,7 +447,7 @@ class FifoLock:
         lease = Lease(
             self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
         )
-        hub.leases[waiter.token] = lease
+        hub.leases[(self.keys, waiter.token)] = lease
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         loop = asyncio.get_running_loop()
         lease._renewal = Renewal(loop, first_at, lambda r: self._renew(hub, lease, r))
@@ -466,7 +469,7 @@ class FifoLock:
         if lease.releasing or lease.lost:
             return
         hub = hub_for(self.client)
-        hub.leases[lease.token] = lease
+        hub.leases[(self.keys, lease.token)] = lease
         lease._renewal = Renewal(
             asyncio.get_running_loop(), time.monotonic(), lambda r: self._renew(hub, lease, r)
         )
@@ -599,7 +602,7 @@ class FifoLock:
             lease.releasing = False
             raise
         lease.released = True
-        hub.leases.pop(lease.token, None)
+        hub.leases.pop((self.keys, lease.token), None)
         if stopped is not None and not stopped.done():
             await _end_renewal(stopped)
         if outcome == NOT_HELD:

@@ -169,7 +169,7 @@ class WaitGroup:
         waiter = self.waiters.get(token)
         if waiter is not None:
             waiter.hint()
-        elif grant.ticket > 0 and token not in self.hub.leases:
+        elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
             self.hub.withdraw(self, token, grant.ticket, "-")
 
     async def enqueue(
@@ -299,7 +299,7 @@ class Hub:
         calls: the lane for enqueues, claims, polls, withdrawals and status reads.
         urgent: the lane for renewals and releases.
         leases: the leases granted through this hub and not yet released, by
-            token (held weakly).
+            lock keys and token (held weakly).
     """
 
     def __init__(self, client: AsyncClient) -> None:
@@ -310,7 +310,9 @@ class Hub:
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
-        self.leases: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
+            weakref.WeakValueDictionary()
+        )
         self._withdrawals: dict[tuple[LockKeys, str], _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
 
