@@ -303,7 +303,7 @@ def test_a_sentinel_cache_s_lock_excludes_threads_and_tasks_on_the_master(
     assert lock.status().fence == max(hold.fence for hold in record.holds())
     master = sentinel_cache.master
     with Redis(master.host, master.port, db=5) as direct:
-        assert direct.exists(LockKeys(lock.name).key("counters")) == 1
+        assert direct.exists(LockKeys(lock.name, lock.namespace).key("counters")) == 1
 
 
 @pytest.mark.sentinel
@@ -352,7 +352,7 @@ def test_a_cluster_cache_s_lock_excludes_threads_and_tasks(
     lock = caches["default"].fifo_lock("job")
     assert lock.status().fence == max(hold.fence for hold in record.holds())
     with RedisCluster.from_url(cluster_cache.url) as client:
-        assert client.exists(LockKeys(lock.name).key("counters")) == 1
+        assert client.exists(LockKeys(lock.name, lock.namespace).key("counters")) == 1
 
 
 @pytest.mark.cluster
