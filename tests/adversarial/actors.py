@@ -79,16 +79,12 @@ class RecordingProtocol(Protocol):
     async def claim(
         self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings
     ) -> ClaimReply:
-        return await self._guard(
-            "claim", self.inner.claim(client, keys, token, ticket, settings)
-        )
+        return await self._guard("claim", self.inner.claim(client, keys, token, ticket, settings))
 
     async def release(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
     ) -> int:
-        return await self._guard(
-            "release", self.inner.release(client, keys, token, fence, keep_ms)
-        )
+        return await self._guard("release", self.inner.release(client, keys, token, fence, keep_ms))
 
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings

@@ -54,11 +54,20 @@ async def test_a_waiter_whose_connection_dies_keeps_its_place_with_a_short_lease
 
 @pytest.mark.xfail(
     strict=True,
-    reason="core bug: acquire(timeout=...) bounds only the wait in the queue, not the "
-    "calls to Redis: against a server that accepts connections and never answers, "
-    "acquire(timeout=1) hangs forever (no socket_timeout), or runs for tens of seconds "
-    "(socket_timeout=1: redis-py retries, the eviction-policy check, the withdrawal)",
+    reason="open core bug 5: after acquire raised RedisUnavailable (its script ran, the "
+    "reply was lost) the request is withdrawn, and the same-token retry the README's "
+    "'Idempotence' promises raises LockUsageError ('already ended') instead of keeping "
+    "the place or returning the grant",
 )
+async def test_a_same_token_retry_after_a_lost_reply_keeps_its_place(
+    contexts: Callable[..., Context], replay: str
+) -> None:
+    outcome = await run("same-token-retry", contexts())
+    assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
+
+
+# Was core bug 3 (fixed by the claim-based protocol: every call of acquire is
+# bounded by its timeout, and the abandoned request is withdrawn later).
 async def test_acquire_with_a_timeout_returns_in_time_from_a_server_that_never_answers() -> None:
     server, port = await not_redis_server(answer=False)
     client = Redis(host="127.0.0.1", port=port)
