@@ -1310,7 +1310,7 @@ async def evict_lease(arena: Arena) -> list[str]:
 
 @scenario(
     "lease-evicted",
-    kills=("renew-no-owner-check", "release-no-owner-check"),
+    kills=("release-no-owner-check",),
     faults="the lease key evicted under a tiny maxmemory with volatile-ttl",
 )
 async def lease_evicted(ctx: Context) -> Outcome:
@@ -1852,6 +1852,25 @@ async def _release_replayed(arena: Arena) -> list[str]:
     return problems
 
 
+async def _renew_replayed(arena: Arena) -> list[str]:
+    """A renewal of a released lease, arriving late while the next holder is inside:
+    Redis refuses it, and the new holder's lease is not touched."""
+    lock_a, actor_a, lease_a = await arena.enter("a")
+    with tapped("renew", lease_a.token) as calls:
+        await arena.until(lambda: calls, "a renewed its lease", 5)
+    await arena.leave(lock_a, actor_a, lease_a)
+    holder_b = await arena.enter("b")
+    reply = await calls[0].replay()
+    status = await holder_b[0].status()
+    await arena.leave(*holder_b)
+    if int(reply[0]) != 0:
+        return [
+            f"a late renewal of a released lease got {reply} (renewed), not refused; the "
+            f"holder's lease now has {status.lease_left_ms} ms"
+        ]
+    return []
+
+
 async def _withdraw_replayed(arena: Arena) -> list[str]:
     """A request lost its place (its session looked dead at the hand-off) and joined
     again with the same token and a new ticket, and holds the lock. A late
@@ -1885,8 +1904,9 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
 
 @scenario(
     "late-replays",
-    kills=("history-by-count", "withdraw-by-token-alone"),
-    faults="a release re-sent after 80 other grants; a late withdraw of a request that "
+    kills=("history-by-count", "withdraw-by-token-alone", "renew-no-owner-check"),
+    faults="a release re-sent after 80 other grants; a late renewal of a released lease; "
+    "a late withdraw of a request that "
     "joined again under the same token",
 )
 async def late_replays(ctx: Context) -> Outcome:
@@ -1896,7 +1916,11 @@ async def late_replays(ctx: Context) -> Outcome:
     leaves its later grant alone."""
     server = ctx.servers()
     problems: list[str] = []
-    cases = {"release": _release_replayed, "withdraw": _withdraw_replayed}
+    cases = {
+        "release": _release_replayed,
+        "renew": _renew_replayed,
+        "withdraw": _withdraw_replayed,
+    }
     for label, case in cases.items():
         arena = Arena(ctx, server.url, f"replay-{label}")
         try:
