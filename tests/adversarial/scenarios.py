@@ -1747,6 +1747,12 @@ async def _forged_ring(arena: Arena) -> list[str]:
     await arena.until(lambda: arena.queued(token), "w is queued")
     channel = arena.keys.doorbell_of(_session_of(client, token))
     forged = f"{token} 999999 {_ticket_of(arena, token)} 5000"
+
+    async def subscribed() -> bool:
+        counts = await arena.admin.pubsub_numsub(channel)
+        return bool(counts and counts[0][1])
+
+    await arena.until(subscribed, "w's process watches its doorbell")
     if not await arena.admin.publish(channel, forged):
         return ["the forged ring reached no subscriber: the doorbell's channels changed"]
     # Time for the forged ring to be read and claimed; nothing may come of it.
