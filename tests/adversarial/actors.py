@@ -24,12 +24,14 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout, RedisUnavailable
 from redis_fifo_lock.protocol import (
     AsyncClient,
+    ClaimReply,
     Grant,
     LockKeys,
     PollReply,
     Protocol,
     StatusReply,
 )
+from redis_fifo_lock.settings import LockSettings
 from tests.support.record import Record
 
 T = TypeVar("T")
@@ -63,32 +65,49 @@ class RecordingProtocol(Protocol):
         keys: LockKeys,
         token: str,
         session: str,
-        lease_ms: int,
-        max_hold_ms: int,
-        alive_ms: int,
+        settings: LockSettings,
+        *,
+        requeue: bool = False,
     ) -> tuple[Grant | None, int, int]:
         grant, ticket, holder = await self._guard(
             "acquire",
-            self.inner.acquire(client, keys, token, session, lease_ms, max_hold_ms, alive_ms),
+            self.inner.acquire(client, keys, token, session, settings, requeue=requeue),
         )
         self.record.queued(token, ticket, grant is not None)
         return grant, ticket, holder
 
-    async def release(self, client: AsyncClient, keys: LockKeys, token: str, fence: int) -> int:
-        return await self._guard("release", self.inner.release(client, keys, token, fence))
+    async def claim(
+        self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings
+    ) -> ClaimReply:
+        return await self._guard("claim", self.inner.claim(client, keys, token, ticket, settings))
+
+    async def release(
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
+    ) -> int:
+        return await self._guard("release", self.inner.release(client, keys, token, fence, keep_ms))
 
     async def renew(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, lease_ms: int
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
     ) -> tuple[int, int]:
-        return await self._guard("renew", self.inner.renew(client, keys, token, fence, lease_ms))
+        return await self._guard("renew", self.inner.renew(client, keys, token, fence, settings))
 
-    async def withdraw(self, client: AsyncClient, keys: LockKeys, token: str) -> int:
-        return await self._guard("withdraw", self.inner.withdraw(client, keys, token))
+    async def withdraw(
+        self,
+        client: AsyncClient,
+        keys: LockKeys,
+        token: str,
+        ticket: int,
+        session: str,
+        keep_ms: int,
+    ) -> int:
+        return await self._guard(
+            "withdraw", self.inner.withdraw(client, keys, token, ticket, session, keep_ms)
+        )
 
     async def poll(
-        self, client: AsyncClient, keys: LockKeys, session: str, alive_ms: int
+        self, client: AsyncClient, keys: LockKeys, session: str, settings: LockSettings
     ) -> PollReply:
-        return await self._guard("poll", self.inner.poll(client, keys, session, alive_ms))
+        return await self._guard("poll", self.inner.poll(client, keys, session, settings))
 
     async def status(self, client: AsyncClient, keys: LockKeys) -> StatusReply:
         return await self._guard("status", self.inner.status(client, keys))

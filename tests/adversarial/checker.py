@@ -10,8 +10,8 @@ It reads a run directory (``<lock>.rec`` per lock and ``faults.rec``, written by
    lease key, a restart, a hold past ``max_hold_ms``) before the overlap began
    *and* saw ``lease.lost`` set while still inside, within ``learn_ms`` of the
    fault's end: loud failure.
-2. **Fences** strictly increase in entry order (restarting after a fault that
-   loses the fence counter, which is out of scope).
+2. **Fences** strictly increase in entry order, also across lost keys, a
+   FLUSHALL or a restart (fences are dated by the server's clock).
 3. **FIFO among live waiters** - when a request is granted, every request with
    a lower ticket was granted before it, or had stopped waiting: it gave up
    (cancel, timeout), its process was killed, frozen or stalled, or a fault
@@ -42,10 +42,12 @@ FAULTS_FILE = "faults.rec"
 LEASE_THREATS = frozenset({"pause", "evict", "restart", "stop", "lag", "overhold"})
 """Faults after which a holder may lose its lease (the lock promises nothing then)."""
 
-LIVENESS_THREATS = frozenset({"pause", "restart", "stop", "lag", "kill"})
-"""Faults after which a waiter may lose its place in the queue."""
+LIVENESS_THREATS = frozenset({"pause", "restart", "stop", "lag", "kill", "block"})
+"""Faults after which a waiter may lose its place in the queue. ``block`` is a
+waiter's event loop blocked for less than ``lease_ms``, but long enough that its
+session's liveness may run out: it may lose its place, never its exclusion."""
 
-TARGETED = frozenset({"stop", "kill", "clientkill"})
+TARGETED = frozenset({"stop", "kill", "clientkill", "block"})
 """Faults whose detail is the pid they hit (``lag`` hits the pid that wrote it)."""
 
 
@@ -144,7 +146,10 @@ def read_faults(lines: list[Line]) -> list[Fault]:
         if line.kind != "fault":
             continue
         kind, detail = line.fields[0], line.fields[1]
-        if kind in TARGETED:
+        if kind == "block":
+            pid, _, ms = detail.partition(":")
+            faults.append(Fault(kind, line.ns, line.ns + int(ms) * 1_000_000, int(pid), ""))
+        elif kind in TARGETED:
             fault = Fault(kind, line.ns, INF if kind != "clientkill" else line.ns, int(detail), "")
             if kind == "stop":
                 stopped[fault.pid] = fault  # type: ignore[index]
@@ -183,22 +188,22 @@ def liveness_threat(fault: Fault) -> bool:
     """Whether ``fault`` can cost a waiter its place or reorder the queue."""
     if fault.kind == "delete":
         parts = set(fault.detail.split(","))
-        return bool(parts & {"queue", "waiters", "alive", "tickets"})
+        return bool(parts & {"queue", "waiters", "alive"})
     return fault.kind in LIVENESS_THREATS
 
 
 def resets_tickets(fault: Fault) -> bool:
-    """Whether ``fault`` loses the ticket counter (tickets restart from 1)."""
-    if fault.kind == "delete":
-        return "tickets" in fault.detail.split(",")
+    """Whether ``fault`` separates two ticket orders: a restart loses the queue, so
+    tickets before and after it are not one queue (they still rise: they are
+    dated by the server's clock)."""
     return fault.kind == "restart"
 
 
 def resets_fences(fault: Fault) -> bool:
-    """Whether ``fault`` loses the fence counter (out of scope: fences restart)."""
-    if fault.kind == "delete":
-        return "fences" in fault.detail.split(",")
-    return fault.kind == "restart"
+    """Whether ``fault`` excuses fences that go backwards: none does. Fences are
+    ``max(last + 1, server clock in us)``, so they rise across lost keys,
+    FLUSHDB and restarts of a server on this machine's clock."""
+    return False
 
 
 class LockHistory:

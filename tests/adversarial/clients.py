@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 
 AfterSend = Callable[[Any, str, tuple[Any, ...]], Awaitable[None]]
 """Called with (connection, command name, args) after a command was sent, before its
@@ -71,6 +71,10 @@ if not hasattr(Redis, "_send_command_parse_response"):  # pragma: no cover - red
     )
 
 
+RESENDS = 3
+"""How many times a client with retries re-sends a command whose connection failed."""
+
+
 def make_client(
     url: str,
     *,
@@ -83,11 +87,15 @@ def make_client(
     Args:
         dup_exec: send every script call twice (``DoubleEvalRedis``).
         name: ``CLIENT SETNAME`` for every connection, to find them in CLIENT LIST.
-        retries: keep redis-py's default retries; False makes a dropped
+        retries: redis-py re-sends a command whose connection failed (3 times,
+            10-100 ms apart), as ``Redis(...)`` does by default - a client made
+            ``from_url`` has no retries unless given some; False makes a dropped
             connection surface as an error at once.
     """
     cls: type[StagedRedis] = DoubleEvalRedis if dup_exec else StagedRedis
     options: dict[str, Any] = {"client_name": name}
-    if not retries:
+    if retries:
+        options["retry"] = Retry(ExponentialBackoff(cap=0.1, base=0.01), RESENDS)
+    else:
         options["retry"] = Retry(NoBackoff(), 0)
     return cast(StagedRedis, cls.from_url(url, **options))

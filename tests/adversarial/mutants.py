@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import hashlib
 import inspect
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,10 +41,11 @@ from redis_fifo_lock.protocol import (
     Protocol,
     Script,
 )
-from redis_fifo_lock.waiting import Hub, WaitGroup
+from redis_fifo_lock.settings import LockSettings
+from redis_fifo_lock.waiting import Hub, Waiter, WaitGroup
 from tests.adversarial.actors import cancelling
 
-SCRIPTS = ("acquire", "release", "renew", "withdraw", "poll", "status")
+SCRIPTS = ("acquire", "claim", "release", "renew", "withdraw", "poll", "status")
 
 
 class MutantOutdated(AssertionError):
@@ -102,16 +104,33 @@ def require_source(mutant: str, function: object, snippet: str) -> None:
 
 
 class NoRenewalLock(FifoLock):
-    """MUTANT renewal-never-started: the lease is handed out with no renewal task."""
+    """MUTANT renewal-never-started: the lease is handed out with no renewal at all
+    (its local deadline is still the grant's, so it runs out under a live holder)."""
 
-    def _start_lease(self, hub: Hub, token: str, grant: Grant) -> Lease:
-        return Lease(self.name, token, grant.fence, grant.ticket)
+    def _start_lease(self, hub: Hub, token: str, grant: Grant, sent: float) -> Lease:
+        lease = Lease(self.name, token, grant.fence, grant.ticket, sent + grant.pttl_ms / 1000)
+        hub.leases[token] = lease
+        return lease
+
+
+class NoDeadlineLease(Lease):
+    """A lease that is lost only when someone says so: its ``expires_at`` is ignored."""
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_reason is not None
 
 
 class UnboundedRenewalLock(FifoLock):
-    """MUTANT renewal-unbounded: a renewal waits for its reply however long it takes,
-    so a holder cut off from Redis is told its lease is gone only when a reply
-    finally comes, long after the lease expired and the lock moved on."""
+    """MUTANT renewal-unbounded: the holder learns that its lease ended only from
+    Redis's replies. A renewal waits for its reply however long it takes, and the
+    lease keeps no local deadline, so a holder cut off from Redis is told its lease
+    is gone only when a reply finally comes, long after the lock moved on."""
+
+    def _start_lease(self, hub: Hub, token: str, grant: Grant, sent: float) -> Lease:
+        lease = super()._start_lease(hub, token, grant, sent)
+        lease.__class__ = NoDeadlineLease  # the mutation, part 1: no local deadline
+        return lease
 
     async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
         call = asyncio.ensure_future(super()._renew_once(hub, lease))
@@ -121,7 +140,7 @@ class UnboundedRenewalLock(FifoLock):
             except asyncio.CancelledError:
                 if call.done():
                     return call.result()
-                # the mutation: the bound on the reply (a cancellation) is ignored
+                # the mutation, part 2: the bound on the reply (a cancellation) is ignored
 
 
 _ACQUIRING: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
@@ -130,21 +149,59 @@ _ACQUIRING: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.Conte
 
 
 class CancelWithoutWithdrawLock(FifoLock):
-    """MUTANT cancel-without-withdraw: a cancelled acquire leaves its request behind.
+    """MUTANT cancel-without-withdraw: a request cancelled while it waits in the
+    queue (or after its grant landed) is not withdrawn.
 
-    Timeouts still withdraw; only the cancellation paths (which run the withdrawal
-    while the acquiring task is being cancelled) skip it.
+    Timeouts still withdraw; only the cancellation path (which gives up while the
+    acquiring task is being cancelled) skips it.
     """
 
     async def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         _ACQUIRING.set(asyncio.current_task())
         return await super().acquire(timeout, token=token)
 
-    async def _withdraw(self, hub: Hub, token: str) -> None:
+    async def _give_up(self, hub: Hub, group: WaitGroup, waiter: Waiter) -> None:
         task = _ACQUIRING.get()
         if task is not None and cancelling(task):
             return  # the mutation: cancelled, and nothing is withdrawn
-        await super()._withdraw(hub, token)
+        await super()._give_up(hub, group, waiter)
+
+
+class _ForgetfulHub:
+    """A view of a ``Hub`` whose withdrawals of requests of unknown fate (ticket 0)
+    are dropped; everything else goes to the hub."""
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hub, name)
+
+    def withdraw(self, group: WaitGroup, token: str, ticket: int) -> asyncio.Future[None]:
+        if ticket == 0:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done  # the mutation: nothing is withdrawn, now or later
+        return self._hub.withdraw(group, token, ticket)
+
+
+class AbandoningLock(FifoLock):
+    """MUTANT abandoned-not-withdrawn: an acquire whose script may have run but whose
+    reply never came (RedisUnavailable, a timeout, a cancellation during the call)
+    leaves its request in Redis: queued, or holding a grant nobody will use."""
+
+    async def _enqueue(
+        self,
+        hub: Hub,
+        group: WaitGroup,
+        waiter: Waiter,
+        started: float,
+        deadline: float | None,
+        *,
+        requeue: bool,
+    ) -> Lease | None:
+        forgetful: Any = _ForgetfulHub(hub)
+        return await super()._enqueue(forgetful, group, waiter, started, deadline, requeue=requeue)
 
 
 class DoorbellOnlyGroup(WaitGroup):
@@ -152,6 +209,39 @@ class DoorbellOnlyGroup(WaitGroup):
 
     async def _poll_once(self) -> float:
         return 3600.0  # never asks Redis: no liveness refresh, no grant, no re-queue
+
+
+class RingKeepingGroup(WaitGroup):
+    """Part of MUTANT lease-dated-from-ring: a ring's grant is kept for its waiter,
+    stamped with the moment this process read it."""
+
+    def ring(self, token: str, grant: Grant) -> None:
+        waiter = self.waiters.get(token)
+        if waiter is not None:
+            waiter.rung = (grant, time.monotonic())  # type: ignore[attr-defined]
+        super().ring(token, grant)
+
+
+class RingDatedLock(FifoLock):
+    """MUTANT lease-dated-from-ring: a waiter woken by a ring takes the ring as its
+    grant, without claiming it: its lease lasts the ring's pttl from when the ring
+    was read, however late that was (a busy event loop), and a forged ring is
+    believed."""
+
+    async def _claim(
+        self, hub: Hub, group: WaitGroup, waiter: Waiter, started: float, deadline: float | None
+    ) -> Lease | None:
+        rung: tuple[Grant, float] | None = getattr(waiter, "rung", None)
+        if rung is not None:
+            waiter.rung = None  # type: ignore[attr-defined]
+            grant, read_at = rung
+            return self._start_lease(hub, waiter.token, grant, read_at)
+        return await super()._claim(hub, group, waiter, started, deadline)
+
+
+SPLIT_GAP_S = 0.03
+"""MUTANT split-grant: time between its read and its write round trip - what a
+slow network or a busy client gives any two round trips."""
 
 
 class SplitGrantProtocol(Protocol):
@@ -165,14 +255,21 @@ class SplitGrantProtocol(Protocol):
 
     def __init__(self, **overrides: Script) -> None:
         super().__init__(**overrides)
-        body = "\nlocal g = grant_next(now_ms(), ARGV[1])\nif g then return g end\nreturn false\n"
+        body = (
+            "\nlocal now, now_us = clock()\n"
+            "local g = grant_next(now, now_us, ARGV[1], tonumber(ARGV[2]), ARGV[3])\n"
+            "touch(tonumber(ARGV[2]))\n"
+            "if g then return g end\nreturn false\n"
+        )
         lib = lua_source("lib.lua")
         check = "    if redis.call('EXISTS', K_LEASE) == 1 then\n        return nil\n    end\n"
         if lib.count(check) != 1:
             raise MutantOutdated(f"mutant 'split-grant': {check!r} not found once in lib.lua")
         self.scripts["grant"] = SourceScript("grant.lua", lib.replace(check, "") + body)
 
-    async def _hand_off(self, client: AsyncClient, keys: LockKeys) -> tuple[str, Grant] | None:
+    async def _hand_off(
+        self, client: AsyncClient, keys: LockKeys, keep_ms: int, caller: str = ""
+    ) -> tuple[str, Grant] | None:
         """Round trip 1 reads, round trip 2 writes; returns (token, grant) if one was made."""
         try:
             free = not await client.exists(keys.key("lease"))
@@ -180,7 +277,8 @@ class SplitGrantProtocol(Protocol):
             raise RedisUnavailable(keys.name, f"split-grant read failed: {exc}") from exc
         if not free:
             return None
-        reply = await self._call(client, keys, "grant", keys.doorbell)
+        await asyncio.sleep(SPLIT_GAP_S)  # the gap between the two round trips
+        reply = await self._call(client, keys, "grant", keys.doorbell, keep_ms, caller)
         if not reply:
             return None
         token = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
@@ -192,36 +290,47 @@ class SplitGrantProtocol(Protocol):
         keys: LockKeys,
         token: str,
         session: str,
-        lease_ms: int,
-        max_hold_ms: int,
-        alive_ms: int,
+        settings: LockSettings,
+        *,
+        requeue: bool = False,
     ) -> tuple[Grant | None, int, int]:
         grant, ticket, holder = await super().acquire(
-            client, keys, token, session, lease_ms, max_hold_ms, alive_ms
+            client, keys, token, session, settings, requeue=requeue
         )
         if grant is None:
-            made = await self._hand_off(client, keys)
+            made = await self._hand_off(client, keys, settings.keep_ms, token)
             if made is not None and made[0] == token:
                 return made[1], made[1].ticket, made[1].fence
         return grant, ticket, holder
 
-    async def release(self, client: AsyncClient, keys: LockKeys, token: str, fence: int) -> int:
-        outcome = await super().release(client, keys, token, fence)
+    async def release(
+        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
+    ) -> int:
+        outcome = await super().release(client, keys, token, fence, keep_ms)
         if outcome == RELEASED:
-            await self._hand_off(client, keys)
+            await self._hand_off(client, keys, keep_ms)
         return outcome
 
-    async def withdraw(self, client: AsyncClient, keys: LockKeys, token: str) -> int:
-        outcome = await super().withdraw(client, keys, token)
+    async def withdraw(
+        self,
+        client: AsyncClient,
+        keys: LockKeys,
+        token: str,
+        ticket: int,
+        session: str,
+        keep_ms: int,
+    ) -> int:
+        outcome = await super().withdraw(client, keys, token, ticket, session, keep_ms)
         if outcome in (WITHDRAWN, GAVE_BACK):
-            await self._hand_off(client, keys)
+            await self._hand_off(client, keys, keep_ms)
         return outcome
 
     async def poll(
-        self, client: AsyncClient, keys: LockKeys, session: str, alive_ms: int
+        self, client: AsyncClient, keys: LockKeys, session: str, settings: LockSettings
     ) -> PollReply:
-        await self._hand_off(client, keys)
-        return await super().poll(client, keys, session, alive_ms)
+        reply = await super().poll(client, keys, session, settings)
+        await self._hand_off(client, keys, settings.keep_ms)
+        return reply
 
 
 # --- the catalogue ---------------------------------------------------------------------
@@ -293,17 +402,18 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local granted = grant_next(now, doorbell)",
+                    "local granted = grant_next(now, now_us, doorbell, keep_ms, token)",
                     "local granted = nil\n"
                     "if redis.call('EXISTS', K_LEASE) == 0 then -- MUTANT grant-not-head\n"
                     "    redis.call('ZREM', K_QUEUE, token)\n"
                     "    redis.call('HDEL', K_WAITERS, token)\n"
-                    "    local fence = redis.call('INCR', K_FENCES)\n"
-                    "    redis.call('HSET', K_LEASE, 'token', token, 'fence', fence,\n"
-                    "        'ticket', ticket, 'deadline', now + max_hold_ms)\n"
+                    "    local fence = next_number('fence', now_us)\n"
+                    "    redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence),\n"
+                    "        'ticket', int(ticket), 'session', session,\n"
+                    "        'deadline', int(now + max_hold_ms))\n"
                     "    redis.call('PEXPIRE', K_LEASE, lease_ms)\n"
-                    "    redis.call('PUBLISH', doorbell .. ':' .. session,\n"
-                    "        token .. ' ' .. fence .. ' ' .. ticket .. ' ' .. lease_ms)\n"
+                    "    redis.call('HSET', K_COUNTERS, 'holder', token,\n"
+                    "        'holder_ticket', int(ticket))\n"
                     "    granted = {token, fence, ticket, lease_ms}\n"
                     "end",
                 ),
@@ -314,8 +424,8 @@ MUTANTS: dict[str, Mutant] = {
             "the grant is a read round trip (is it free?) then a write round trip (grant)",
             lua=(
                 _all(
-                    "local function grant_next(now, doorbell)\n",
-                    "local function grant_next(now, doorbell)\n"
+                    "local function grant_next(now, now_us, doorbell, keep_ms, caller)\n",
+                    "local function grant_next(now, now_us, doorbell, keep_ms, caller)\n"
                     "    do return nil end -- MUTANT split-grant: granted from Python\n",
                 ),
             ),
@@ -345,24 +455,38 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "fence-not-incremented",
-            "the hand-off in release reuses the last fence instead of incrementing it",
+            "the hand-off in release reuses the last fence instead of issuing a new one",
             lua=(
                 Substitution(
                     ("release",),
-                    "local fence = redis.call('INCR', K_FENCES)",
-                    "local fence = tonumber(redis.call('GET', K_FENCES)) or 0 -- MUTANT",
+                    "local fence = next_number('fence', now_us)",
+                    "local fence = tonumber(redis.call('HGET', K_COUNTERS, 'fence')) or 0"
+                    " -- MUTANT",
                 ),
             ),
         ),
         Mutant(
+            "fence-restarts-at-1",
+            "tickets and fences are last + 1 with no clock: once the keys are gone "
+            "(expired, FLUSHDB) they restart at 1",
+            lua=(_all("local n = math.max(last + 1, now_us)", "local n = last + 1 -- MUTANT"),),
+        ),
+        Mutant(
             "cancel-without-withdraw",
-            "a cancelled acquire propagates CancelledError without withdrawing its request",
+            "a request cancelled while queued (or once granted) is not withdrawn",
             lock_class=CancelWithoutWithdrawLock,
             requires=(
-                (FifoLock._wait, "except asyncio.CancelledError"),
-                (FifoLock._wait, "self._withdraw("),
-                (FifoLock._withdraw_after, "self._withdraw("),
+                (FifoLock._acquire, "except asyncio.CancelledError"),
+                (FifoLock._acquire, "self._give_up("),
+                (FifoLock._give_up, "hub.withdraw("),
             ),
+        ),
+        Mutant(
+            "abandoned-not-withdrawn",
+            "an acquire whose fate is unknown (no reply: RedisUnavailable, timeout, "
+            "cancellation during the call) is never withdrawn",
+            lock_class=AbandoningLock,
+            requires=((FifoLock._enqueue, "hub.withdraw(group, waiter.token, 0)"),),
         ),
         Mutant(
             "withdraw-keeps-grant",
@@ -370,8 +494,40 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("withdraw",),
-                    "local held = current_grant()\nif held and held[1] == token then",
-                    "local held = current_grant()\nif false then -- MUTANT withdraw-keeps-grant",
+                    "elseif held[1] == token and (ticket == 0 or tonumber(held[2]) == ticket) "
+                    "and held[3] == session then",
+                    "elseif false then -- MUTANT withdraw-keeps-grant",
+                ),
+            ),
+        ),
+        Mutant(
+            "withdraw-by-token-alone",
+            "withdraw ignores the ticket and the session: a late withdraw gives away a "
+            "later request (or grant) of the same token",
+            lua=(
+                Substitution(
+                    ("withdraw",),
+                    "if queued and (ticket == 0 or queued == ticket)\n"
+                    "        and string.match(redis.call('HGET', K_WAITERS, token) or '', "
+                    "'^%S+') == session then",
+                    "if queued then -- MUTANT withdraw-by-token-alone",
+                ),
+                Substitution(
+                    ("withdraw",),
+                    "elseif held[1] == token and (ticket == 0 or tonumber(held[2]) == ticket) "
+                    "and held[3] == session then",
+                    "elseif held[1] == token then -- MUTANT withdraw-by-token-alone",
+                ),
+            ),
+        ),
+        Mutant(
+            "history-by-count",
+            "the record of finished requests keeps the last 64 by rank, not by age",
+            lua=(
+                _all(
+                    "redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', "
+                    "'(' .. int((now - keep_ms) * 4))",
+                    "redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, -65) -- MUTANT",
                 ),
             ),
         ),
@@ -393,16 +549,31 @@ MUTANTS: dict[str, Mutant] = {
             requires=((WaitGroup._poll_loop, "await self._poll_once()"),),
         ),
         Mutant(
+            "lease-dated-from-ring",
+            "a rung waiter takes the ring as its grant without claiming it, dating its "
+            "lease from when it read the ring",
+            lock_class=RingDatedLock,
+            group_class=RingKeepingGroup,
+            requires=(
+                (FifoLock._acquire, "await self._claim("),
+                (WaitGroup.ring, "waiter.hint()"),
+            ),
+        ),
+        Mutant(
             "renewal-never-started",
             "the holder never renews its lease",
             lock_class=NoRenewalLock,
-            requires=((FifoLock.acquire, "self._start_lease("),),
+            requires=((FifoLock._enqueue, "self._start_lease("),),
         ),
         Mutant(
             "renewal-unbounded",
-            "a renewal waits for its reply past the lease's expiry (no local deadline)",
+            "a renewal waits for its reply past the lease's expiry, and the lease has "
+            "no local deadline",
             lock_class=UnboundedRenewalLock,
-            requires=((FifoLock._renew, "self._renew_once("),),
+            requires=(
+                (FifoLock._renew, "self._renew_once("),
+                (Lease, "time.monotonic() >= self.expires_at"),
+            ),
         ),
         Mutant(
             "max-hold-ignored",

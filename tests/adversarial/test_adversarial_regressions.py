@@ -53,6 +53,17 @@ async def test_a_waiter_whose_connection_dies_keeps_its_place_with_a_short_lease
     assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
 
 
+# Was core bug 5: the withdrawal of the abandoned request marked its token as
+# ended; now the retry (a new acquire call) takes the request over, or queues again.
+async def test_a_same_token_retry_after_a_lost_reply_keeps_its_place(
+    contexts: Callable[..., Context], replay: str
+) -> None:
+    outcome = await run("same-token-retry", contexts())
+    assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
+
+
+# Was core bug 3 (fixed by the claim-based protocol: every call of acquire is
+# bounded by its timeout, and the abandoned request is withdrawn later).
 async def test_acquire_with_a_timeout_returns_in_time_from_a_server_that_never_answers() -> None:
     server, port = await not_redis_server(answer=False)
     client = Redis(host="127.0.0.1", port=port)
