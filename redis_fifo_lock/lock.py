@@ -82,6 +82,8 @@ async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
         async with asyncio.timeout_at(until):
             return await awaitable
     return await asyncio.wait_for(awaitable, until - loop.time())
+
+
 RENEWAL_END_RECHECK_S = 0.02
 """Seconds between checks, after a release, that its cancelled renewal ended."""
 RENEWAL_END_WAIT_S = 1.0
@@ -325,7 +327,9 @@ class FifoLock:
                 if not hinted:
                     await self._give_up(hub, group, waiter)
                     raise self._timed_out(group, started, (deadline or started) - started)
-                lease = await self._claim(hub, group, waiter, started, deadline)
+                lease = self._take_granted(hub, waiter) or await self._claim(
+                    hub, group, waiter, started, deadline
+                )
             except asyncio.CancelledError:
                 # Cancelled before the grant (withdraw leaves the queue) or after it
                 # (withdraw gives the grant back and hands it on): one call for both.
@@ -355,7 +359,7 @@ class FifoLock:
                 await hub.check_eviction_policy(self.name)
             return await group.enqueue(waiter, requeue=requeue)
 
-        sent = time.monotonic()
+        sent = waiter.sending()
         try:
             grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
@@ -380,6 +384,20 @@ class FifoLock:
         if grant is not None:
             return self._start_lease(hub, waiter, grant, sent)
         return None
+
+    def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:
+        """The lease for a grant that a ring with this call's id, or a release of
+        this process, brought: no round trip, dated from a moment before Redis
+        made the grant (the acquire's send time; the release's). None - then the
+        waiter claims - when there is none, it is for another ticket, less than
+        half of its lease is sure to be left, or ``replicas`` must confirm it."""
+        granted, waiter.granted = waiter.granted, None
+        if granted is None or self.settings.replicas:
+            return None
+        grant, dated = granted
+        if grant.ticket != waiter.ticket or time.monotonic() >= dated + grant.pttl_ms / 2000:
+            return None
+        return self._start_lease(hub, waiter, grant, dated)
 
     async def _claim(
         self, hub: Hub, group: WaitGroup, waiter: Waiter, started: float, deadline: float | None
@@ -590,19 +608,24 @@ class FifoLock:
         hub = hub_for(self.client)
         try:
             async with hub.urgent:
-                outcome = await self._protocol.release(
+                sent = time.monotonic()
+                outcome, handover = await self._protocol.release(
                     hub.client,
                     self.keys,
                     lease.token,
                     lease.fence,
                     self.settings.keep_ms,
                     lease.call,
+                    hub.session_for(self.settings),
                 )
         except BaseException:
             lease.releasing = False
             raise
         lease.released = True
         hub.leases.pop((self.keys, lease.token), None)
+        if handover is not None:
+            # The next holder waits in this process: no ring was sent for it.
+            hub.hand_over(self.keys, self.settings, self._protocol, handover, sent)
         if stopped is not None and not stopped.done():
             await _end_renewal(stopped)
         if outcome == NOT_HELD:

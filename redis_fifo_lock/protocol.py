@@ -148,11 +148,14 @@ class Script:
 
 @dataclass(frozen=True)
 class Grant:
-    """A grant as Redis reported it: fence and ticket, lease time left in ms."""
+    """A grant as Redis reported it: fence and ticket, lease time left in ms, and
+    (in a ring or a hand-over) the id of the acquire call it answers ("" if not
+    given)."""
 
     fence: int
     ticket: int
     pttl_ms: int
+    call: str = ""
 
 
 @dataclass(frozen=True)
@@ -360,13 +363,29 @@ class Protocol:
         return ClaimReply(None, int(reply[1]) or None)
 
     async def release(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int, call: str
-    ) -> int:
-        """Release (token, fence), granted to acquire call ``call``; returns
-        RELEASED, ALREADY_RELEASED or NOT_HELD."""
-        return int(
-            await self._call(client, keys, "release", keys.doorbell, token, fence, keep_ms, call)
+        self,
+        client: AsyncClient,
+        keys: LockKeys,
+        token: str,
+        fence: int,
+        keep_ms: int,
+        call: str,
+        session: str = "-",
+    ) -> tuple[int, tuple[str, Grant] | None]:
+        """Release (token, fence), granted to acquire call ``call``.
+
+        Returns (RELEASED, ALREADY_RELEASED or NOT_HELD; the hand-over), where the
+        hand-over is (token, grant) when the lock went to a waiter of ``session``
+        (not rung: the caller hands it over), else None.
+        """
+        reply = await self._call(
+            client, keys, "release", keys.doorbell, token, fence, keep_ms, call, session
         )
+        handover = None
+        if len(reply) > 1:
+            grant = Grant(int(reply[2]), int(reply[3]), int(reply[4]), _text(reply[5]) or "")
+            handover = (_text(reply[1]) or "", grant)
+        return int(reply[0]), handover
 
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings

@@ -68,6 +68,10 @@ class Waiter:
         call: the id (str) of the acquire call waiting, unique per call.
         ticket: its ticket (int) once the acquire script replied, else None.
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
+        sent_at: when its latest acquire script call was sent (monotonic s).
+        granted: a grant rung with this call's id, or handed over by a release
+            of this process, with the moment (monotonic s) its lease may be
+            dated from: a moment before Redis made the grant. None otherwise.
     """
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -75,8 +79,17 @@ class Waiter:
         self.call = secrets.token_hex(8)
         self.ticket: int | None = None
         self.queued_at: float | None = None
+        self.sent_at = 0.0
+        self.granted: tuple[Grant, float] | None = None
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
+
+    def sending(self) -> float:
+        """An acquire script call for this request is about to be sent: its ticket
+        is unknown until it replies. Returns the send time (monotonic s)."""
+        self.ticket = self.queued_at = None
+        self.sent_at = time.monotonic()
+        return self.sent_at
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
@@ -119,11 +132,8 @@ class WaitGroup:
 
     @property
     def session(self) -> str:
-        """This group's liveness session: the hub's, one per settings. The same for
-        every group of these settings on the hub, so a name's ``alive`` set holds
-        one entry per process and loop, however often the name is used."""
-        digest = hashlib.blake2s(repr(self.settings).encode(), digest_size=4).hexdigest()
-        return f"{self.hub.session}.{digest}"
+        """This group's liveness session (see ``Hub.session_for``)."""
+        return self.hub.session_for(self.settings)
 
     def join(self, token: str) -> Waiter:
         """Register ``token`` before its acquire is sent, so no ring is missed.
@@ -160,7 +170,10 @@ class WaitGroup:
     def ring(self, token: str, grant: Grant) -> None:
         """A grant was rung on this group's doorbell: a hint, never proof.
 
-        A waiter of ``token`` is woken to claim it. A ring for a request nobody
+        A waiter of ``token`` is woken to claim it; a ring that carries its call
+        id (a script sent it) is kept, for the waiter to take without claiming
+        while the lease dated from its acquire's send time has life enough. A
+        ring for a request nobody
         here waits for or holds (one this process gave up, or a late copy of a
         finished one) is given back at once, so the lock does not stall; the
         withdraw script touches only this session's request of that ticket, so
@@ -168,6 +181,8 @@ class WaitGroup:
         """
         waiter = self.waiters.get(token)
         if waiter is not None:
+            if grant.call and grant.call == waiter.call:
+                waiter.granted = (grant, waiter.sent_at)
             waiter.hint()
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
             self.hub.withdraw(self, token, grant.ticket, "-")
@@ -323,6 +338,35 @@ class Hub:
         if client is None:
             raise RuntimeError("the Redis client of this hub was garbage-collected")
         return client
+
+    def session_for(self, settings: LockSettings) -> str:
+        """The liveness session of this hub's waiters with ``settings``: the hub's
+        id and a digest of the settings. The same for every group of these
+        settings on the hub, so a name's ``alive`` set holds one entry per
+        process, loop and settings, however often the name is used."""
+        digest = hashlib.blake2s(repr(settings).encode(), digest_size=4).hexdigest()
+        return f"{self.session}.{digest}"
+
+    def hand_over(
+        self,
+        keys: LockKeys,
+        settings: LockSettings,
+        protocol: Protocol,
+        handover: tuple[str, Grant],
+        sent: float,
+    ) -> None:
+        """A release sent at ``sent`` (monotonic s) granted the lock to ``handover``
+        = (token, grant), a waiter of this hub: wake it with the grant, dated from
+        ``sent``. If it no longer waits, give the grant back at once."""
+        token, grant = handover
+        group = self.groups.get((keys, settings))
+        waiter = group.waiters.get(token) if group is not None else None
+        if waiter is not None and waiter.call == grant.call:
+            waiter.granted = (grant, sent)
+            waiter.hint()
+        elif (keys, token) not in self.leases:
+            owner = group or WaitGroup(self, keys, settings, protocol)
+            self.withdraw(owner, token, grant.ticket, "-")
 
     def group(self, keys: LockKeys, settings: LockSettings, protocol: Protocol) -> WaitGroup:
         """The wait group of this lock, created on first use."""

@@ -8,6 +8,7 @@ replica, both real servers; what it buys across a Sentinel failover is in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import (
     FifoLock,
+    Lease,
     LeaseLost,
     LockSettings,
     LockUsageError,
@@ -69,6 +71,15 @@ async def pair(fresh_redis_server: PrivateRedisFactory) -> AsyncIterator[Pair]:
         yield Pair(master, replica, client)
     finally:
         await client.aclose()
+
+
+async def acquire_acknowledged(lock: FifoLock, tries: int = 5) -> Lease:
+    """``lock.acquire()``, tried again when the replica, fresh from its first sync,
+    was slow to acknowledge the grant (what these tests attack is the renewals)."""
+    for _ in range(tries - 1):
+        with contextlib.suppress(NotReplicated):
+            return await lock.acquire(timeout=5)
+    return await lock.acquire(timeout=5)
 
 
 def test_the_setting_is_validated_with_its_name_and_unit() -> None:
@@ -138,10 +149,10 @@ async def test_acknowledged_grants_and_renewals_keep_the_lock_past_many_leases(
     pair: Pair,
 ) -> None:
     lock = FifoLock(
-        pair.client, "acked", lease_ms=300, poll_ms=100, replicas=1, replica_wait_ms=100
+        pair.client, "acked", lease_ms=900, poll_ms=300, replicas=1, replica_wait_ms=300
     )
-    lease = await lock.acquire(timeout=5)
-    await asyncio.sleep(1.0)  # three leases, kept by acknowledged renewals
+    lease = await acquire_acknowledged(lock)
+    await asyncio.sleep(2.7)  # three leases, kept by acknowledged renewals
     assert not lease.lost
     replica = Redis.from_url(pair.replica.url)
     try:
@@ -158,14 +169,14 @@ async def test_a_renewal_no_replica_acknowledged_counts_as_failed_and_the_lease_
     pair: Pair,
 ) -> None:
     lock = FifoLock(
-        pair.client, "unacked", lease_ms=600, poll_ms=100, replicas=1, replica_wait_ms=100
+        pair.client, "unacked", lease_ms=1500, poll_ms=500, replicas=1, replica_wait_ms=300
     )
-    lease = await lock.acquire(timeout=5)
+    lease = await acquire_acknowledged(lock)
     await asyncio.to_thread(pair.detach_replica)
     detached = time.monotonic()
     await asyncio.wait_for(lease.wait_lost(), 5)
     # Lost when the last acknowledged renewal ran out: within one lease.
-    assert time.monotonic() - detached < 0.6 + 0.3
+    assert time.monotonic() - detached < 1.5 + 0.3
     assert "acknowledged by 0 of the 1 replica(s)" in (lease.lost_reason or "")
     # The master itself renewed the key: only the holder knows it cannot be sure,
     # and says so at release (which still frees the lock).
@@ -179,13 +190,18 @@ async def test_hold_raises_on_exit_when_the_lease_was_lost_though_the_master_kep
     pair: Pair,
 ) -> None:
     lock = FifoLock(
-        pair.client, "hold-unacked", lease_ms=600, poll_ms=100, replicas=1, replica_wait_ms=100
+        pair.client, "hold-unacked", lease_ms=1500, poll_ms=500, replicas=1, replica_wait_ms=300
     )
-    with pytest.raises(LeaseLost):
+    async def hold_until_lost() -> None:
         async with lock.hold(timeout=5) as lease:
             await asyncio.to_thread(pair.detach_replica)
             await asyncio.wait_for(lease.wait_lost(), 5)
             assert await pair.client.exists(lock.keys.key("lease"))
+
+    for _ in range(5):  # the fresh replica may be slow to acknowledge the grant itself
+        with contextlib.suppress(NotReplicated), pytest.raises(LeaseLost):
+            await hold_until_lost()
+            break
 
 
 async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_raises(
@@ -193,7 +209,7 @@ async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_rais
 ) -> None:
     settings = {"lease_ms": 3000, "poll_ms": 500, "replicas": 1, "replica_wait_ms": 50}
     first = FifoLock(pair.client, "handoff", **settings)
-    lease = await first.acquire(timeout=5)
+    lease = await acquire_acknowledged(first)
     second_client = Redis.from_url(pair.master.url)
     try:
         second = FifoLock(second_client, "handoff", **settings)

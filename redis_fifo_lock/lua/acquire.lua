@@ -53,7 +53,7 @@ redis.call('HSET', K_WAITERS, token,
     session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
-local granted = grant_next(now, now_us, doorbell, keep_ms, token)
+local granted = grant_next(now, now_us, doorbell, keep_ms, token, false)
 touch(keep_ms)
 if granted and granted[1] == token then
     return {1, granted[2], granted[3], granted[4]}

@@ -105,13 +105,17 @@ end
 -- waiter that died a moment ago stalls the lock no longer than its liveness; the
 -- waiter re-arms it to lease_ms when it claims the grant.
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
--- with "<token> <fence> <ticket> <pttl_ms>" - a hint to claim, never proof of a
--- grant - unless the grant goes to `caller`, the token the running script acts
--- for, which learns it from the reply. The ring is a pcall: a PUBLISH that the
--- server refuses (an ACL without the channel) must not fail the script after its
--- writes; the waiter then finds its grant by polling.
--- Returns the new grant as {token, fence, ticket, pttl_ms}, or nil.
-local function grant_next(now, now_us, doorbell, keep_ms, caller)
+-- with "<token> <fence> <ticket> <pttl_ms> <call>". The call id is known only to
+-- the waiting process (and to whoever can read the keys), so a ring that carries
+-- it was sent by a script: the waiter may date its lease from when it sent its
+-- acquire, an instant before the grant. A ring without it is a hint to claim.
+-- No ring when the grant goes to `caller_token` (the request the running script
+-- acts for) or to `caller_session` (the process running it): they learn of it
+-- from the reply. The ring is a pcall: a PUBLISH that the server refuses (an ACL
+-- without the channel) must not fail the script after its writes; the waiter
+-- then finds its grant by polling.
+-- Returns the new grant as {token, fence, ticket, pttl_ms, call, session}, or nil.
+local function grant_next(now, now_us, doorbell, keep_ms, caller_token, caller_session)
     if redis.call('EXISTS', K_LEASE) == 1 then
         return nil
     end
@@ -139,11 +143,11 @@ local function grant_next(now, now_us, doorbell, keep_ms, caller)
                 'session', session, 'call', call, 'deadline', int(now + waiter[3]))
             redis.call('PEXPIRE', K_LEASE, ttl)
             redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
-            if token ~= caller then
-                redis.pcall('PUBLISH', doorbell .. ':' .. session,
-                    token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl))
+            if token ~= caller_token and session ~= caller_session then
+                redis.pcall('PUBLISH', doorbell .. ':' .. session, token .. ' ' .. int(fence)
+                    .. ' ' .. int(ticket) .. ' ' .. int(ttl) .. ' ' .. call)
             end
-            return {token, fence, ticket, ttl}
+            return {token, fence, ticket, ttl, call, session}
         end
         -- Dead waiter (or an entry whose metadata was lost): skipped, and
         -- recorded, so that a late copy of its acquire cannot queue it again.

@@ -7,14 +7,17 @@
 -- ARGV[3] fence of the lease
 -- ARGV[4] keep_ms: see acquire.lua
 -- ARGV[5] call: id of the acquire call the lease answered (see acquire.lua)
+-- ARGV[6] session of the releasing process: a grant to one of its own waiters
+--         is returned, not rung (it hands over without a pub/sub hop)
 --
--- Returns:
+-- Returns {outcome} or, when the lock went to a waiter of `session`,
+-- {outcome, token, fence, ticket, pttl_ms, call}; outcome is:
 --    1  released (and handed off if anyone was waiting)
 --    0  this lease was already released: a re-sent release (hands off if the
 --       first one freed the lock without doing so)
 --   -1  the lease is not held: it expired or was never granted (lease lost)
 local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local keep_ms, call = tonumber(ARGV[4]), ARGV[5]
+local keep_ms, call, session = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local now, now_us = clock()
 local held = current_grant()
 local result = -1
@@ -29,6 +32,9 @@ elseif ended(token, call) == ENDED_RELEASED then
 end
 -- Also when the lease is not held: if it expired unseen, the lock is free and
 -- the next waiter need not wait for its poll.
-grant_next(now, now_us, doorbell, keep_ms, false)
+local granted = grant_next(now, now_us, doorbell, keep_ms, false, session)
 touch(keep_ms)
-return result
+if granted and granted[6] == session then
+    return {result, granted[1], granted[2], granted[3], granted[4], granted[5]}
+end
+return {result}

@@ -50,6 +50,6 @@ elseif held[1] == token and is_this(held[3], tonumber(held[2]), held[4]) then
 elseif ticket == 0 and not ended(token, call) then
     finish(token, call, ENDED_WITHDRAWN, now, keep_ms)
 end
-grant_next(now, now_us, doorbell, keep_ms, false)
+grant_next(now, now_us, doorbell, keep_ms, false, false)
 touch(keep_ms)
 return result
