@@ -207,7 +207,7 @@ async def test_hold_raises_on_exit_when_the_lease_was_lost_though_the_master_kep
 async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_raises(
     pair: Pair,
 ) -> None:
-    settings = {"lease_ms": 3000, "poll_ms": 500, "replicas": 1, "replica_wait_ms": 50}
+    settings = {"lease_ms": 3000, "poll_ms": 500, "replicas": 1, "replica_wait_ms": 500}
     first = FifoLock(pair.client, "handoff", **settings)
     lease = await acquire_acknowledged(first)
     second_client = Redis.from_url(pair.master.url)
