@@ -531,6 +531,12 @@ def test_optional_rules_and_namespaces() -> None:
     assert key_pattern("a*b?[c]") == r"a\*b\?\[c\]:fifolock:*"
 
 
+def test_the_rules_are_in_the_package_namespace_as_the_readme_says() -> None:
+    import redis_fifo_lock
+
+    assert redis_fifo_lock.acl_rules is acl_rules
+
+
 def test_the_readme_quotes_the_rule_set() -> None:
     readme = README.read_text()
     section = readme.split("## Running with least privilege", 1)[1].split("\n## ", 1)[0]
