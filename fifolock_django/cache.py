@@ -211,7 +211,9 @@ def _sentinel_connection(
     sentinel_kwargs = options.get("SENTINEL_KWARGS")
     if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, dict):
         raise ImproperlyConfigured(
-            f"OPTIONS['SENTINEL_KWARGS'] must be a dict or None, got {sentinel_kwargs!r}"
+            # The type only: a password given here as a plain string must not show.
+            "OPTIONS['SENTINEL_KWARGS'] must be a dict or None, got "
+            f"{type(sentinel_kwargs).__name__}"
         )
     service_name = urlsplit(url).hostname
     if not service_name:

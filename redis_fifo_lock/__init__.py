@@ -1,9 +1,11 @@
 """redis-fifo-lock: a distributed FIFO mutex on Redis.
 
 ``FifoLock`` is the asyncio lock; ``SyncFifoLock`` runs it for threads and sync
-code; ``LoopClients`` gives each event loop its own client.
+code; ``LoopClients`` gives each event loop its own client; ``acl_rules`` lists
+the Redis ACL rules a user of the lock needs.
 """
 
+from .acl import acl_rules
 from .clients import LoopClients
 from .errors import (
     LeaseLost,
@@ -31,4 +33,5 @@ __all__ = [
     "NotReplicated",
     "RedisUnavailable",
     "SyncFifoLock",
+    "acl_rules",
 ]

@@ -19,6 +19,11 @@ never come back after a failover. A new one goes to the node the client's slot
 map names for the first channel, and if that fails (the map may still name the
 dead node), to each other node the client knows: with classic pub/sub any node
 hears every ring.
+
+A ``SUBSCRIBE`` refused by the server (an ACL without ``+subscribe`` or without
+the lock's channel pattern) fails that channel's ``watch`` at once with the
+server's error; the wait group then reports it (``report_refusal``: one
+WARNING per server and rule in the process) and its waiters poll.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable
 
 import redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .protocol import AsyncClient, Grant
+from .acl import RULES_HINT, refusal
+from .eviction import server_of
+from .protocol import AsyncClient, Grant, LockKeys
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,10 @@ FAILURES = (RedisError, RedisClusterException, OSError)
 _warned_no_pubsub: set[type] = set()
 """Client classes already warned about having no asyncio pub/sub, in this process."""
 
+_refusals_reported: set[tuple[object, str]] = set()
+"""(server, what to add) pairs already reported at WARNING, in this process."""
+_refusals_guard = threading.Lock()
+
 
 class Doorbell:
     """Subscriptions of one client: ``watch``/``unwatch`` channels, rings routed
@@ -62,7 +75,14 @@ class Doorbell:
     def __init__(self, client: Callable[[], AsyncClient | None]) -> None:
         self._client = client  # a weak reference, as the hub holds it
         self._handlers: dict[str, Ring] = {}
-        self._confirmed: dict[str, asyncio.Event] = {}
+        # Per channel: done with None once Redis confirmed the subscription, or
+        # with the error it refused it with (a result, not an exception, so that
+        # an unawaited refusal is not logged as never retrieved).
+        self._confirmed: dict[str, asyncio.Future[ResponseError | None]] = {}
+        # (command, channel) of each SUBSCRIBE / UNSUBSCRIBE sent and not yet
+        # answered, in sending order: Redis answers in that order, and an error
+        # reply (an ACL refusal) does not name its channel.
+        self._unanswered: deque[tuple[str, str]] = deque()
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
         self._change = asyncio.Lock()
@@ -76,6 +96,9 @@ class Doorbell:
         8.0): its waiters rely on polling. A warning says so once per process.
 
         Raises:
+            redis.exceptions.ResponseError: the server refused the subscription
+                (e.g. ``NoPermissionError``: its ACL); the caller reports it
+                (``report_refusal``), falls back to polling and calls ``unwatch``.
             redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
             OSError: when the subscription fails; the caller falls back to polling
                 and calls ``unwatch``.
@@ -87,11 +110,23 @@ class Doorbell:
                     return False
                 self._pubsub = factories[0]()
             self._handlers[channel] = ring
-            confirmed = self._confirmed.setdefault(channel, asyncio.Event())
-            await self._pubsub.subscribe(channel)
+            confirmed = self._confirmed.get(channel)
+            if confirmed is None or (confirmed.done() and confirmed.result() is not None):
+                confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+            # Before sending: the reply may be read while the send still awaits.
+            self._unanswered.append(("subscribe", channel))
+            try:
+                await self._pubsub.subscribe(channel)
+            except BaseException:
+                _forget(self._unanswered, ("subscribe", channel))
+                raise
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read())
-        await confirmed.wait()
+        # Shielded: the future is shared by every watch of the channel, and the
+        # caller's timeout must not cancel it for the others.
+        refused = await asyncio.shield(confirmed)
+        if refused is not None:
+            raise refused
         return True
 
     async def unwatch(self, channel: str, ring: Ring) -> None:
@@ -106,12 +141,15 @@ class Doorbell:
             if pubsub is None:
                 return
             if self._handlers:
+                self._unanswered.append(("unsubscribe", channel))
                 try:
                     await pubsub.unsubscribe(channel)
                 except FAILURES:
+                    _forget(self._unanswered, ("unsubscribe", channel))
                     log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
                 return
             self._pubsub, reader, self._reader = None, self._reader, None
+            self._unanswered.clear()
         await _stop(reader, pubsub)
 
     async def aclose(self) -> None:
@@ -119,6 +157,7 @@ class Doorbell:
         async with self._change:
             self._handlers.clear()
             self._confirmed.clear()
+            self._unanswered.clear()
             pubsub, self._pubsub = self._pubsub, None
             reader, self._reader = self._reader, None
         if pubsub is not None:
@@ -156,6 +195,13 @@ class Doorbell:
                 message = await pubsub.get_message(timeout=None)
             except asyncio.CancelledError:
                 raise
+            except ResponseError as exc:
+                # An error reply: the server refused a SUBSCRIBE or UNSUBSCRIBE
+                # (its ACL); the connection is fine, and resubscribing would only
+                # be refused again.
+                failures = 0
+                self._refused(exc)
+                continue
             except FAILURES:
                 failures += 1
                 if failures == 1 and _connected(pubsub):
@@ -184,6 +230,9 @@ class Doorbell:
             if fresh is None:
                 return
             self._pubsub = fresh
+            # The broken connection's replies never come; the new one answers
+            # (confirms or refuses) each channel's SUBSCRIBE, in this order.
+            self._unanswered = deque(("subscribe", channel) for channel in channels)
             await _close(broken)
         log.info("doorbell: subscription rebuilt for %d channel(s)", len(channels))
 
@@ -205,12 +254,28 @@ class Doorbell:
             return fresh
         return None
 
+    def _refused(self, exc: ResponseError) -> None:
+        """The server answered the oldest unanswered SUBSCRIBE or UNSUBSCRIBE
+        with ``exc``: fail that channel's ``watch``, or report it."""
+        command, channel = self._unanswered.popleft() if self._unanswered else ("", "")
+        confirmed = self._confirmed.get(channel) if command == "subscribe" else None
+        if confirmed is not None and not confirmed.done():
+            confirmed.set_result(exc)
+            return
+        # An UNSUBSCRIBE, or a SUBSCRIBE sent again after a reconnection: the
+        # channel's waiters already poll, or will at their next poll.
+        client = self._client()
+        if client is not None:
+            report_refusal(client, exc, None, None)
+
     def _dispatch(self, message: dict[str, object]) -> None:
         channel = _text(message["channel"])
+        if message["type"] in ("subscribe", "unsubscribe"):
+            _forget(self._unanswered, (str(message["type"]), channel))
         if message["type"] == "subscribe":
             confirmed = self._confirmed.get(channel)
-            if confirmed is not None:
-                confirmed.set()
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_result(None)
         elif message["type"] == "message":
             ring = self._handlers.get(channel)
             if ring is None:
@@ -223,6 +288,46 @@ class Doorbell:
                 log.debug("doorbell: ignored a malformed ring on %s", channel)
                 return
             ring(token, grant)
+
+
+def report_refusal(
+    client: AsyncClient, exc: ResponseError, keys: LockKeys | None, poll_ms: int | None
+) -> None:
+    """Log that the server refused the doorbell ``exc``, naming the rule to add:
+    at WARNING once per server and rule in this process, then at DEBUG.
+
+    Args:
+        client: the client whose server refused.
+        exc: the server's refusal.
+        keys: the keys of the lock whose channel was refused (for its name and
+            namespace), or None when not known (an UNSUBSCRIBE, a resubscription).
+        poll_ms: how often that lock's waiters poll (int), or None.
+    """
+    namespace = keys.namespace if keys is not None else ""
+    refused = refusal(str(exc), namespace) or f"the server refused it: {exc}"
+    server = server_of(client) or ("client", id(client))
+    with _refusals_guard:
+        first = (server, refused) not in _refusals_reported
+        _refusals_reported.add((server, refused))
+    who = f"FIFO lock {keys.name!r}" if keys is not None else "FIFO locks"
+    waits = f"up to poll_ms, {poll_ms} ms" if poll_ms is not None else "up to poll_ms"
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "%s: Redis's ACL refused the doorbell (%s): %s to the lock user's ACL rules. "
+        "Until then grants are not rung, and each hand-off waits for the next "
+        "waiter's poll (%s); %s",
+        who,
+        exc,
+        refused,
+        waits,
+        RULES_HINT,
+    )
+
+
+def _forget(unanswered: deque[tuple[str, str]], entry: tuple[str, str]) -> None:
+    """Drop the first ``entry`` from ``unanswered``, if there."""
+    if entry in unanswered:
+        unanswered.remove(entry)
 
 
 def _warn_no_pubsub(client: AsyncClient) -> None:

@@ -180,7 +180,7 @@ async def eviction_policies(client: AsyncClient) -> set[str]:
 
 def _state_of(client: AsyncClient) -> _Server:
     """The state of ``client``'s server, created on first use (call under ``_guard``)."""
-    server = _server_of(client)
+    server = server_of(client)
     if server is None:
         state = _by_client.get(client)
         if state is None:
@@ -192,7 +192,10 @@ def _state_of(client: AsyncClient) -> _Server:
     return state
 
 
-def _server_of(client: AsyncClient) -> tuple[object, ...] | None:
+def server_of(client: AsyncClient) -> tuple[object, ...] | None:
+    """The identity of ``client``'s server in this process, for state kept per
+    server: (pid, host, port, path), or (pid, "sentinel", service); None for a
+    Redis Cluster (no one server)."""
     # A RedisCluster has no connection_pool (one pool per node): None, and the
     # state is then kept per client instead of per server.
     pool = getattr(client, "connection_pool", None)
@@ -209,7 +212,7 @@ def _server_of(client: AsyncClient) -> tuple[object, ...] | None:
 
 def _where(client: AsyncClient) -> str:
     """The server of ``client`` for messages: an address, never credentials."""
-    server = _server_of(client)
+    server = server_of(client)
     if server is None:
         return "a Redis Cluster"
     if server[1] == "sentinel":

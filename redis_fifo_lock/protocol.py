@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
@@ -93,6 +94,10 @@ class Script:
         self.filename = filename
         self.source = (folder / "lib.lua").read_text() + "\n" + (folder / filename).read_text()
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        # The commands it calls, named when Redis's ACL refuses one of them
+        # without saying which (Redis 6.2 and 7.0).
+        called = re.findall(r"redis\.p?call\('([A-Za-z]+)'", self.source)
+        self.commands = tuple(dict.fromkeys(command.lower() for command in called))
 
     async def run(self, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
         """EVALSHA the script; EVAL it (which caches it) if the server does not know it."""
@@ -254,7 +259,7 @@ class Protocol:
         except (AttributeError, RedisError, RedisClusterException) as exc:
             if isinstance(exc, AttributeError) and not isinstance(client, RedisCluster):
                 raise
-            raise _unavailable(keys, script, exc) from exc
+            raise _unavailable(keys, script, exc, self.scripts[script].commands) from exc
 
     async def _call_acknowledged(
         self, client: AsyncClient, keys: LockKeys, script: str, *args: Any
@@ -273,7 +278,7 @@ class Protocol:
                 client, keys.all, list(args), self.replicas, self.wait_ms
             )
         except (RedisError, RedisClusterException) as exc:
-            raise _unavailable(keys, script, exc) from exc
+            raise _unavailable(keys, script, exc, self.scripts[script].commands) from exc
 
     def _not_replicated(self, keys: LockKeys, what: str, acked: int) -> NotReplicated:
         return NotReplicated(
@@ -449,9 +454,11 @@ class Protocol:
 PROTOCOL = Protocol()
 
 
-def _unavailable(keys: LockKeys, script: str, exc: Exception) -> RedisUnavailable:
+def _unavailable(
+    keys: LockKeys, script: str, exc: Exception, commands: tuple[str, ...] = ()
+) -> RedisUnavailable:
     """The ``RedisUnavailable`` (naming the lock, saying what to do) to raise for
-    ``exc``, raised by redis-py while running ``script``."""
+    ``exc``, raised by redis-py while running ``script``, which calls ``commands``."""
     if isinstance(exc, AttributeError):
         # Only from a RedisCluster client, which can close a node's connections
         # (on a topology refresh during a slot migration or failover) while a
@@ -482,6 +489,19 @@ def _unavailable(keys: LockKeys, script: str, exc: Exception) -> RedisUnavailabl
                 keys.name,
                 f"the {script} script was cut short as the lock's slot started moving "
                 f"to another master ({exc}); it may have taken effect in part: retry",
+                cause=exc,
+            )
+        # Imported here: acl imports this module for the key prefix.
+        from .acl import RULES_HINT, refusal
+
+        refused = refusal(str(exc), keys.namespace, commands)
+        if refused is not None:
+            # NOPERM; a command refused inside the script is a plain ERR, whose
+            # text (Redis 6.2, 7.0) does not name the command.
+            return RedisUnavailable(
+                keys.name,
+                f"Redis's ACL refused the {script} script ({exc}): {refused} to the lock "
+                f"user's ACL rules; {RULES_HINT}",
                 cause=exc,
             )
         return RedisUnavailable(

@@ -27,9 +27,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .doorbell import Doorbell
+from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy
 from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
@@ -243,6 +243,11 @@ class WaitGroup:
             return await asyncio.wait_for(
                 self.hub.doorbell.watch(channel, self.ring), self.settings.lease_ms / 2000
             )
+        except ResponseError as exc:
+            # Refused (an ACL): said once per server and rule, not per wait.
+            report_refusal(self.hub.client, exc, self.keys, self.settings.poll_ms)
+            await self.hub.doorbell.unwatch(channel, self.ring)
+            return False
         except (RedisError, RedisClusterException, OSError, asyncio.TimeoutError) as exc:
             log.warning(
                 "FIFO lock %r: doorbell unavailable (%s); waiters rely on polling every %d ms",

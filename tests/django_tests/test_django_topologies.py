@@ -111,6 +111,17 @@ def test_an_incomplete_sentinel_set_up_is_refused_naming_what_to_set(
     assert named in str(info.value)
 
 
+def test_sentinel_kwargs_of_the_wrong_type_are_refused_showing_only_their_type() -> None:
+    # A password given as a plain string instead of {"password": ...}.
+    options = {**SENTINEL_OPTIONS, "SENTINEL_KWARGS": "sentinel-s3cret"}
+
+    with pytest.raises(ImproperlyConfigured) as info:
+        cache.connection_settings("redis://mymaster/0", options)
+
+    assert "OPTIONS['SENTINEL_KWARGS'] must be a dict or None, got str" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
 def test_a_replica_url_first_is_refused_for_the_lock() -> None:
     with pytest.raises(ImproperlyConfigured, match="is_master=0"):
         cache.connection_settings("redis://mymaster/0?is_master=0", SENTINEL_OPTIONS)
