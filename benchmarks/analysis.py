@@ -4,17 +4,24 @@ Every contender records one ``Hold`` per grant, with ``time.monotonic_ns()``
 stamps. On Linux that clock (``CLOCK_MONOTONIC``) is one system-wide clock, so
 stamps taken by different processes on this machine compare directly.
 
-Definitions (the Markdown report repeats them):
+Definitions (the Markdown report and ``benchmarks/README.md`` repeat them):
 
 - **grant order**: holds sorted by the moment ``acquire`` returned. Mutual
   exclusion makes this the order in which the lock was held; for our lock the
   fences must agree with it, and ``fence_order_errors`` counts where they don't.
-- **hand-off**: two consecutive grants to *different* contenders. Its latency is
-  "release returned -> next holder's acquire returned". It can be negative: the
-  next holder may learn of its grant before the previous holder has read the
-  reply to its release. A grant to the contender that held the lock just before
-  (it released and took the lock again before anyone else) is a
-  *re-acquisition*, not a hand-off.
+- **grants/s** (the headline throughput): every grant whose ``acquire``
+  returned inside the measured window, divided by the window. A grant to the
+  contender that held the lock just before (a barging lock re-granting to the
+  thread that just released) counts like any other: it is work done.
+- **idle gap** (the headline latency): for every two consecutive grants, from
+  the moment the previous holder *called* ``release`` (a stamp taken just
+  before the call) to the moment the next holder's ``acquire`` returned. The
+  lock serves nobody during it, whoever the next holder is, so the release's
+  own round trip is inside it. It is never negative unless mutual exclusion
+  failed (see *overlap*).
+- **hand-off** (secondary): two consecutive grants to *different* contenders;
+  ``handoffs_per_s`` counts them and ``handoff_gap_us`` is the idle gap of
+  those pairs only. The other pairs are *re-acquisitions*.
 - **arrival order**: for every library, the order in which the contenders'
   ``acquire`` calls began (a stamp taken just before the call). For our lock,
   also the order of the tickets Redis handed out, which is what FIFO means for
@@ -22,9 +29,9 @@ Definitions (the Markdown report repeats them):
 - **FIFO violation**: a grant made while a request that arrived earlier was
   still waiting (it was granted later). Each such grant counts once; the
   *worst overtake* is the largest head start (in call stamps) that an
-  overtaken request had.
+  overtaken request had. For the barging peers these are *overtakes*.
 - **overlap**: a grant whose ``acquire`` returned before the previous holder
-  had even started its ``release``: a mutual-exclusion failure.
+  had even called ``release``: a mutual-exclusion failure.
 """
 
 from __future__ import annotations
@@ -144,13 +151,9 @@ class Pair:
         return self.before.contender != self.after.contender
 
     @property
-    def latency_ns(self) -> int:
-        """Release returned -> next acquire returned (may be negative)."""
-        return self.after.acquired_ns - self.before.released_ns
-
-    @property
-    def from_release_call_ns(self) -> int:
-        """Release called -> next acquire returned (never negative without overlap)."""
+    def gap_ns(self) -> int:
+        """The idle gap: release called -> next acquire returned (negative only
+        for an overlap)."""
         return self.after.acquired_ns - self.before.release_ns
 
 
@@ -158,6 +161,10 @@ def pairs(holds: Iterable[Hold]) -> list[Pair]:
     """Consecutive grants, in grant order."""
     ordered = sorted(holds, key=lambda hold: hold.acquired_ns)
     return [Pair(a, b) for a, b in itertools.pairwise(ordered)]
+
+
+def _ratio(values: Sequence[float], percent: float, unit: float) -> float | None:
+    return quantile(values, percent) / unit if values and unit > 0 else None
 
 
 def summarize_contended(
@@ -169,19 +176,19 @@ def summarize_contended(
         holds: every grant of the run (also those outside the window).
         window: (start, end) in ``monotonic_ns``; grants whose acquire returned
             inside it are measured. Earlier ones are warm-up; later ones drain.
-        ping_ns: the PING round trip the latency ratios are relative to.
+        ping_ns: the PING round trip the ``*_ping`` ratios are relative to.
 
     Returns:
-        A JSON-able dict; the raw hand-off latencies are under ``"_latencies_ns"``
-        (for the plot; dropped from the saved results).
+        A JSON-able dict; the raw idle gaps are under ``"_gaps_ns"`` (for the
+        plot; dropped from the saved results).
     """
     start, end = window
     seconds = (end - start) / 1e9
     inside = [hold for hold in holds if start <= hold.acquired_ns < end]
     measured = [pair for pair in pairs(holds) if start <= pair.after.acquired_ns < end]
     handoffs = [pair for pair in measured if pair.handoff]
-    latencies = [pair.latency_ns for pair in handoffs]
-    from_call = [pair.from_release_call_ns for pair in handoffs]
+    gaps = [pair.gap_ns for pair in measured]
+    handoff_gaps = [pair.gap_ns for pair in handoffs]
     waits = [(hold.acquired_ns - hold.arrival_ns) / 1e6 for hold in inside]
     inside_ids = {id(hold) for hold in inside}
 
@@ -201,10 +208,12 @@ def summarize_contended(
         "handoffs": len(handoffs),
         "handoffs_per_s": len(handoffs) / seconds if seconds > 0 else 0.0,
         "reacquisitions": len(measured) - len(handoffs),
-        "handoff_us": distribution([ns / 1000 for ns in latencies]),
-        "handoff_from_release_call_us": distribution([ns / 1000 for ns in from_call]),
-        "handoff_p50_ping": quantile(latencies, 50) / ping_ns if latencies else None,
-        "handoff_p99_ping": quantile(latencies, 99) / ping_ns if latencies else None,
+        "gap_us": distribution([ns / 1000 for ns in gaps]),
+        "gap_p50_us": quantile(gaps, 50) / 1000 if gaps else None,
+        "gap_p99_us": quantile(gaps, 99) / 1000 if gaps else None,
+        "gap_p50_ping": _ratio(gaps, 50, ping_ns),
+        "gap_p99_ping": _ratio(gaps, 99, ping_ns),
+        "handoff_gap_us": distribution([ns / 1000 for ns in handoff_gaps]),
         "wait_ms": distribution(waits),
         "fifo_violations_call_order": len(by_call),
         "fifo_worst_overtake_ms": max((gap for _, gap in by_call), default=0) / 1e6,
@@ -219,7 +228,7 @@ def summarize_contended(
             if has_tickets
             else None
         ),
-        "_latencies_ns": latencies,
+        "_gaps_ns": gaps,
     }
     return result
 

@@ -51,7 +51,7 @@ async def _held_with_waiters(url: str, name: str, waiters: int, lease_ms: int) -
     """Phases (a) and (b): measured with a sync client while the lock's loop waits."""
     sync = redis.Redis.from_url(url)
     client = AsyncRedis.from_url(url)
-    settings = {"lease_ms": lease_ms, "poll_ms": max(1, lease_ms // 2)}
+    settings: dict[str, Any] = {"lease_ms": lease_ms, "poll_ms": max(1, lease_ms // 2)}
     figures: dict[str, int] = {}
     try:
         holder = FifoLock(client, name, **settings)

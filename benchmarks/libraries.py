@@ -17,6 +17,14 @@ default settings:
 
 One adapter object is made per contender (task or thread): several of these
 libraries keep the owner's token on the lock object.
+
+Every client a process makes reads replies with the parser its ``Connection``
+names (``PARSERS``): redis-py's pure-Python parser, or hiredis's C one.
+redis-py picks hiredis by itself whenever it is installed; the benchmark names
+the parser on every client instead (redis-py's ``parser_class`` option), so one
+installation measures both. Every library's clients come from ``Connection``,
+including pottery's and python-redis-lock's (they are given a client), and our
+lock's pub/sub connection (``client.pubsub()`` shares the client's pool).
 """
 
 from __future__ import annotations
@@ -31,10 +39,47 @@ import redis
 import redis.asyncio
 import redis.asyncio.lock
 import redis.lock
+from redis._parsers import (
+    _AsyncHiredisParser,
+    _AsyncRESP2Parser,
+    _HiredisParser,
+    _RESP2Parser,
+)
+from redis.utils import HIREDIS_AVAILABLE
 
 from redis_fifo_lock import FifoLock, Lease, LoopClients, SyncFifoLock
 
 Kind = Literal["async", "sync"]
+
+Parser = Literal["python", "hiredis"]
+
+PARSERS: tuple[Parser, ...] = ("python", "hiredis")
+"""The reply parsers every library is run with: redis-py's own (pure Python)
+and hiredis (C; the ``hiredis`` package must be installed)."""
+
+_PARSER_CLASSES: dict[Parser, tuple[type[Any], type[Any]]] = {
+    # (sync client's, asyncio client's). redis-py swaps its RESP2 parser for its
+    # RESP3 one to match the connection's protocol (RESP3 by default in redis-py 8).
+    "python": (_RESP2Parser, _AsyncRESP2Parser),
+    "hiredis": (_HiredisParser, _AsyncHiredisParser),
+}
+
+
+def available_parsers() -> tuple[Parser, ...]:
+    """The parsers that can run here: hiredis only when it is installed."""
+    return PARSERS if HIREDIS_AVAILABLE else ("python",)
+
+
+def row_key(library: str, parser: str) -> str:
+    """A result row's key: the library's for the pure-Python parser,
+    ``<library>+hiredis`` for hiredis."""
+    return library if parser == "python" else f"{library}+{parser}"
+
+
+def split_row_key(key: str) -> tuple[str, Parser]:
+    """``row_key``'s inverse: (library key, parser)."""
+    library, _, parser = key.partition("+")
+    return library, "hiredis" if parser == "hiredis" else "python"
 
 
 @dataclass(frozen=True)
@@ -76,6 +121,7 @@ class Connection:
         url: the Redis URL.
         client_name: sent with ``CLIENT SETNAME`` on every connection, so the
             benchmark can count a process's connections in ``CLIENT LIST``.
+        parser: which reply parser every client made here uses (``PARSERS``).
         **options: more ``Redis.from_url`` options for every client made here;
             none keeps redis-py's defaults. The idle workload needs a pool
             larger than its waiters (redis-py 8 caps it at 100) and no socket
@@ -84,10 +130,16 @@ class Connection:
             the workload needs.
     """
 
-    def __init__(self, url: str, client_name: str, **options: Any) -> None:
+    def __init__(
+        self, url: str, client_name: str, parser: Parser = "python", **options: Any
+    ) -> None:
+        if parser not in available_parsers():
+            raise ValueError(f"reply parser {parser!r} is not available here")
         self.url = url
         self.client_name = client_name
+        self.parser = parser
         self._options: dict[str, Any] = {"client_name": client_name, **options}
+        self._sync_parser, self._async_parser = _PARSER_CLASSES[parser]
         self._sync: redis.Redis | None = None
         self._async: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}
         self._loop_clients: LoopClients | None = None
@@ -95,7 +147,9 @@ class Connection:
     def sync(self) -> redis.Redis:
         """The process's synchronous client (thread-safe, shared by all threads)."""
         if self._sync is None:
-            self._sync = redis.Redis.from_url(self.url, **self._options)
+            self._sync = redis.Redis.from_url(
+                self.url, parser_class=self._sync_parser, **self._options
+            )
         return self._sync
 
     def async_(self) -> redis.asyncio.Redis:
@@ -103,14 +157,18 @@ class Connection:
         loop = asyncio.get_running_loop()
         client = self._async.get(loop)
         if client is None:
-            client = redis.asyncio.Redis.from_url(self.url, **self._options)
+            client = redis.asyncio.Redis.from_url(
+                self.url, parser_class=self._async_parser, **self._options
+            )
             self._async[loop] = client
         return client
 
     def loop_clients(self) -> LoopClients:
         """A ``LoopClients`` for ``SyncFifoLock`` (its portal builds its own client)."""
         if self._loop_clients is None:
-            self._loop_clients = LoopClients(self.url, **self._options)
+            self._loop_clients = LoopClients(
+                self.url, parser_class=self._async_parser, **self._options
+            )
         return self._loop_clients
 
     async def aclose(self) -> None:
@@ -123,7 +181,7 @@ class Connection:
 # --- redis-fifo-lock -------------------------------------------------------------
 
 
-def _fifo_settings(lease_ms: int | None) -> dict[str, int]:
+def _fifo_settings(lease_ms: int | None) -> dict[str, Any]:
     # poll_ms may be at most lease_ms / 2; with a short lease, use that maximum.
     return {} if lease_ms is None else {"lease_ms": lease_ms, "poll_ms": lease_ms // 2}
 

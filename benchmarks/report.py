@@ -7,13 +7,23 @@ import math
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from benchmarks.libraries import row_key, split_row_key
+
+SCHEMA_VERSION = 2
+"""2: grants/s and the idle gap from the release call are the headline figures;
+rows per reply parser; PINGs per parser; the ``handoff`` workload."""
 
 TIMES = "\u00d7"
 """The multiplication sign, for ratios in the report."""
 
 OURS = "fifolock"
-"""The library the targets are judged on: the asyncio core."""
+"""The asyncio core; the targets are judged on it and on ``OURS_SYNC``."""
+
+OURS_SYNC = "fifolock-sync"
+"""The sync facade, judged against the same targets."""
+
+BASELINE = "python-redis-lock"
+"""The peer whose grants/s ours must at least match (issue 15)."""
 
 PEERS = ("redis-py-async", "redis-py", "python-redis-lock", "pottery")
 
@@ -39,68 +49,53 @@ def _target(key: str, text: str, met: bool | None, detail: str) -> dict[str, Any
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's targets, each judged on this run's figures (``met`` is None
-    when the run did not measure what the target needs)."""
+    when the run did not measure what the target needs).
+
+    The contended targets are judged for our asyncio core and our sync facade,
+    with each reply parser, against the peers' figures with the same parser.
+    """
     verdicts = []
     contended = results.get("contended", {})
-    for cs, by_lib in contended.items():
-        ours = by_lib.get(OURS)
-        if ours is None:
-            continue
-        for suffix, baseline in (
-            ("", "PING timed during the same run"),
-            ("_quiet", "PING timed on the quiet server before the run"),
-        ):
-            p50 = ours.get(f"handoff_p50{suffix}_ping")
-            p99 = ours.get(f"handoff_p99{suffix}_ping")
+    for cs, by_row in contended.items():
+        for row, ours in by_row.items():
+            library, parser = split_row_key(row)
+            if library not in (OURS, OURS_SYNC):
+                continue
+            p50, p99 = ours.get("gap_p50_ping"), ours.get("gap_p99_ping")
+            quiet50, quiet99 = ours.get("gap_p50_quiet_ping"), ours.get("gap_p99_quiet_ping")
             verdicts.append(
                 _target(
-                    f"handoff{suffix.replace('_', '-')}-{cs}",
-                    f"hand-off p50 <= 3 x PING and p99 <= 10 x PING ({cs} critical "
-                    f"section; {baseline})",
+                    f"gap-{row}-{cs}",
+                    f"{row}: idle gap p50 <= 3 x and p99 <= 10 x the PING timed in the same "
+                    f"run ({cs} critical section)",
                     None if p50 is None or p99 is None else p50 <= 3 and p99 <= 10,
-                    f"p50 {_fmt(p50, 2)} x, p99 {_fmt(p99, 2)} x",
+                    f"p50 {_fmt(ours.get('gap_p50_us'), 0)} µs = {_fmt(p50, 2)} x, "
+                    f"p99 {_fmt(ours.get('gap_p99_us'), 0)} µs = {_fmt(p99, 2)} x "
+                    f"(quiet PING: {_fmt(quiet50, 2)} x / {_fmt(quiet99, 2)} x)",
                 )
             )
-        rate = ours["handoffs_per_s"]
-        checks, parts = [], []
-        prl = by_lib.get("python-redis-lock")
-        if prl is not None:
-            checks.append(rate >= prl["handoffs_per_s"])
-            parts.append(f"python-redis-lock {_fmt(prl['handoffs_per_s'])}")
-        for peer in ("redis-py", "redis-py-async"):
-            if peer in by_lib:
-                checks.append(rate >= 10 * by_lib[peer]["handoffs_per_s"])
-                parts.append(f"10 x {peer} {_fmt(10 * by_lib[peer]['handoffs_per_s'])}")
-        verdicts.append(
-            _target(
-                f"throughput-{cs}",
-                f"hand-offs/s >= python-redis-lock's and >= 10 x redis-py Lock's ({cs})",
-                all(checks) if checks else None,
-                f"ours {_fmt(rate)}/s vs " + ", ".join(parts) if parts else "no peers run",
+            peer = by_row.get(BASELINE if parser == "python" else f"{BASELINE}+{parser}")
+            rate = ours["grants_per_s"]
+            verdicts.append(
+                _target(
+                    f"throughput-{row}-{cs}",
+                    f"{row}: grants/s >= {BASELINE}'s with the same parser ({cs})",
+                    None if peer is None else rate >= peer["grants_per_s"],
+                    f"ours {_fmt(rate)}/s vs "
+                    + ("not run" if peer is None else f"{_fmt(peer['grants_per_s'])}/s"),
+                )
             )
-        )
-        ours_rows = {key: by_lib[key] for key in (OURS, "fifolock-sync") if key in by_lib}
-        by_ticket = [row.get("fifo_violations_ticket_order") for row in ours_rows.values()]
-        by_call = ", ".join(
-            f"{key} {row['fifo_violations_call_order']} (worst overtake "
-            f"{_fmt(row.get('fifo_worst_overtake_ms'), 2)} ms)"
-            for key, row in ours_rows.items()
-        )
-        peers = ", ".join(
-            f"{key} {by_lib[key]['fifo_violations_call_order']} (worst overtake "
-            f"{_fmt(by_lib[key].get('fifo_worst_overtake_ms'), 0)} ms)"
-            for key in PEERS
-            if key in by_lib
-        )
-        verdicts.append(
-            _target(
-                f"fifo-{cs}",
-                f"0 FIFO violations for ours, against arrival at Redis (ticket order) ({cs})",
-                all(v == 0 for v in by_ticket) if by_ticket else None,
-                f"by ticket: {by_ticket}; by call order: {by_call}; "
-                f"peers by call order: {peers or 'not run'}",
+            ticket = ours.get("fifo_violations_ticket_order")
+            verdicts.append(
+                _target(
+                    f"fifo-{row}-{cs}",
+                    f"{row}: 0 FIFO violations by ticket and 0 overlaps ({cs})",
+                    None if ticket is None else ticket == 0 and ours["overlaps"] == 0,
+                    f"by ticket {ticket}, overlaps {ours['overlaps']}; by call order "
+                    f"{ours['fifo_violations_call_order']} (worst overtake "
+                    f"{_fmt(ours.get('fifo_worst_overtake_ms'), 2)} ms)",
+                )
             )
-        )
     idle = results.get("idle", {})
     if idle:
         largest = max(idle, key=int)
@@ -136,9 +131,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
     uncontended = results.get("uncontended", {})
     ours_rt = {
-        key: uncontended[key]["round_trips"]
-        for key in (OURS, "fifolock-sync")
-        if key in uncontended
+        key: row["round_trips"]
+        for key, row in uncontended.items()
+        if split_row_key(key)[0] in (OURS, OURS_SYNC)
     }
     if ours_rt:
         verdicts.append(
@@ -163,23 +158,37 @@ REQUIRED = {
     "uncontended": ("p50_us", "p99_us", "p50_ping", "round_trips"),
     "contended": (
         "grants_per_s",
+        "gap_p50_us",
+        "gap_p99_us",
+        "gap_p50_ping",
+        "gap_p99_ping",
+        "gap_p50_quiet_ping",
+        "gap_p99_quiet_ping",
         "handoffs_per_s",
-        "handoff_p50_ping",
-        "handoff_p99_ping",
+        "client_cpu_us_per_grant",
+        "server_cpu_us_per_grant",
         "fifo_violations_call_order",
         "overlaps",
     ),
+    "handoff": ("trials",),
     "idle": ("commands_per_s", "connections_max", "rss_mib", "window_s"),
     "crash": ("lease_ms", "kill_to_grant_ms_p50", "kill_to_grant_ms_max"),
 }
+"""Figures every row of a workload must have, as finite numbers."""
+
+PER_PARSER = ("uncontended", "contended")
+"""Workloads with a row per library and parser; the others have one per library."""
+
+HANDOFF_CASES = ("same_process", "other_process")
 
 
 def check(results: dict[str, Any]) -> list[str]:
     """Problems with the shape of ``results`` (empty when it is well formed).
 
     Checks the version, the machine and PING sections, that every workload
-    reports every library with finite numbers for its required figures, and
-    that no mutual-exclusion overlap or worker error was recorded.
+    reports every library (with every parser, where it runs per parser) with
+    finite numbers for its required figures, and that no mutual-exclusion
+    overlap or worker error was recorded.
     """
     problems: list[str] = []
     if results.get("schema") != SCHEMA_VERSION:
@@ -187,19 +196,23 @@ def check(results: dict[str, Any]) -> list[str]:
     libraries = results.get("libraries")
     if not isinstance(libraries, dict) or not libraries:
         return [*problems, "no libraries"]
+    parsers = results.get("parsers")
+    if not isinstance(parsers, list) or not parsers:
+        return [*problems, "no parsers"]
     for field in ("cpus", "python", "redis_server"):
         if field not in results.get("machine", {}):
             problems.append(f"machine.{field} missing")
-    for kind in ("async", "sync"):
-        if not _number(results.get("ping", {}).get(kind, {}).get("p50_us")):
-            problems.append(f"ping.{kind}.p50_us missing")
+    for parser in parsers:
+        for kind in ("async", "sync"):
+            if not _number(results.get("ping", {}).get(parser, {}).get(kind, {}).get("p50_us")):
+                problems.append(f"ping.{parser}.{kind}.p50_us missing")
 
-    def check_libs(where: str, by_lib: Any, fields: tuple[str, ...]) -> None:
-        if not isinstance(by_lib, dict):
+    def check_rows(where: str, by_row: Any, rows: list[str], fields: tuple[str, ...]) -> None:
+        if not isinstance(by_row, dict):
             problems.append(f"{where} is not a mapping")
             return
-        for key in libraries:
-            row = by_lib.get(key)
+        for key in rows:
+            row = by_row.get(key)
             if not isinstance(row, dict):
                 problems.append(f"{where}.{key} missing")
                 continue
@@ -212,19 +225,28 @@ def check(results: dict[str, Any]) -> list[str]:
                 problems.append(f"{where}.{key}: {row['overlaps']} overlapping holds")
             if row.get("acquired"):
                 problems.append(f"{where}.{key}: {row['acquired']} idle waiters got a held lock")
+            if where == "handoff":
+                for case in HANDOFF_CASES:
+                    if not _number(row.get(case, {}).get("round_trips")):
+                        problems.append(f"handoff.{key}.{case}.round_trips missing")
 
     for workload, fields in REQUIRED.items():
         if workload not in results:
             continue
+        rows = (
+            [row_key(key, parser) for key in libraries for parser in parsers]
+            if workload in PER_PARSER
+            else list(libraries)
+        )
         section = results[workload]
         if workload in ("contended", "idle"):
             if not isinstance(section, dict) or not section:
                 problems.append(f"{workload} is empty")
                 continue
-            for sub, by_lib in section.items():
-                check_libs(f"{workload}.{sub}", by_lib, fields)
+            for sub, by_row in section.items():
+                check_rows(f"{workload}.{sub}", by_row, rows, fields)
         else:
-            check_libs(workload, section, fields)
+            check_rows(workload, section, rows, fields)
     for verdict in results.get("targets", []):
         if set(verdict) != {"id", "target", "met", "detail"}:
             problems.append(f"target entry {verdict!r} is malformed")
@@ -262,20 +284,36 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
         + "; ".join(f"`{key}` = {lib['label']} {lib['version']}" for key, lib in libs.items())
         + ".",
         "",
-        f"PING round trip p50 (p99): asyncio client {_fmt(ping['async']['p50_us'])} µs "
-        f"({_fmt(ping['async']['p99_us'])} µs), sync client {_fmt(ping['sync']['p50_us'])} µs "
-        f"({_fmt(ping['sync']['p99_us'])} µs). "
-        "Ratios divide by a PING p50 of the same kind of client as the library's: "
-        "for the uncontended figures, this quiet one; for the contended ones, the PING "
-        "timed by a separate light process during the same measured window (the quiet "
-        "ratios are shown too).",
+        "Every library is run with redis-py's pure-Python reply parser (row `<library>`) "
+        "and with hiredis (row `<library>+hiredis`), where the workload depends on it.",
+        "",
+        "PING round trips, p50 (p99), µs — the *quiet PING*, timed at the start on the "
+        "quiet server:",
+        "",
     ]
-    if "ping_after" in results:
-        after = results["ping_after"]
-        lines[-1] += (
-            f" Measured again at the end: {_fmt(after['async']['p50_us'])} µs and "
-            f"{_fmt(after['sync']['p50_us'])} µs."
+    rows = []
+    for parser, kinds in ping.items():
+        after = results.get("ping_after", {}).get(parser)
+        rows.append(
+            [
+                parser,
+                f"{_fmt(kinds['async']['p50_us'])} ({_fmt(kinds['async']['p99_us'])})",
+                f"{_fmt(kinds['sync']['p50_us'])} ({_fmt(kinds['sync']['p99_us'])})",
+                "-"
+                if after is None
+                else f"{_fmt(after['async']['p50_us'])} / {_fmt(after['sync']['p50_us'])}",
+            ]
         )
+    lines += _table(
+        ["parser", "asyncio client", "sync client", "at the end: asyncio / sync p50"], rows
+    )
+    lines += [
+        "",
+        "A ratio divides by a PING p50 of the same kind of client (asyncio or sync) and "
+        "the same parser as the row's: for the uncontended figures, the quiet PING; for "
+        "the contended ones, the *in-run PING*, timed by a separate light process during "
+        "the same measured window (the quiet-PING ratios are shown too).",
+    ]
 
     if results.get("targets"):
         lines += ["", "## Targets", ""]
@@ -315,38 +353,47 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
             "## Contended",
             "",
             f"{settings['processes']} processes {TIMES} {settings['tasks']} contenders (asyncio "
-            f"tasks; threads for sync libraries), {settings['contended_s']:g} s measured "
-            f"after {settings['contended_warmup_s']:g} s of warm-up, {settings['repeats']} "
-            "repeat(s): medians of the repeats; counts are summed. Hand-off: consecutive "
-            "grants to different contenders, latency = release returned → next holder's "
-            "acquire returned (negative when the next holder learns first). Re-acq: "
-            "grants to the contender that held the lock just before. FIFO violations: "
-            "grants made while an earlier arrival still waited — arrival = when the "
-            "acquire call began (call), or our ticket from Redis (ticket); worst "
-            "overtake: the largest head start an overtaken call had. Overlaps: "
-            "mutual-exclusion failures seen by the clients. PING µs: the p50 timed "
-            "during the run, the unit of the first ratio column.",
+            f"tasks; threads for sync libraries) on one lock, {settings['contended_s']:g} s "
+            f"measured after {settings['contended_warmup_s']:g} s of warm-up, "
+            f"{settings['repeats']} repeat(s): medians of the repeats; counts are summed.",
+            "",
+            "- **grants/s**: every grant whose acquire returned in the window, including a "
+            "grant to the contender that held the lock just before.",
+            "- **idle gap**: for every two consecutive grants, from the moment the previous "
+            "holder *called* release (stamp taken just before the call) to the moment the "
+            "next holder's acquire returned, both on the machine-wide monotonic clock; p50 / "
+            f"p99 in µs, and in {TIMES} the in-run PING (and the quiet PING).",
+            "- **hand-offs/s**: grants to a contender other than the previous holder "
+            "(secondary); their own idle gap p50 / p99 is the next column.",
+            "- **CPU µs / grant**: CPU time of all contender processes (client) and of Redis "
+            "(server, with the light PING load) over the whole phase, per grant.",
+            "- **overtakes**: grants made while an earlier arrival still waited, arrival = "
+            "when the acquire call began (call), or our ticket from Redis (ticket); worst: "
+            "the largest head start an overtaken call had. **overlaps**: a grant before the "
+            "previous holder called release (mutual-exclusion failure).",
         ]
 
         def kind(key: str) -> str:
-            return str(libs.get(key, {}).get("kind", "async"))
+            return str(libs.get(split_row_key(key)[0], {}).get("kind", "async"))
 
-        for cs, by_lib in results["contended"].items():
+        for cs, by_row in results["contended"].items():
             lines += ["", f"### Critical section {cs}", ""]
             rows = []
-            for key, row in by_lib.items():
-                hand = row["handoff_us"]
+            for key, row in by_row.items():
+                hand = row["handoff_gap_us"]
                 rows.append(
                     [
                         f"`{key}`",
-                        f"{_fmt(row['handoff_p50_ping'], 2)} / {_fmt(row['handoff_p99_ping'], 2)}",
-                        f"{_fmt(row.get('handoff_p50_quiet_ping'), 2)} / "
-                        f"{_fmt(row.get('handoff_p99_quiet_ping'), 2)}",
-                        f"{_fmt(hand.get('p50'), 0)} / {_fmt(hand.get('p99'), 0)}",
+                        _fmt(row["grants_per_s"], 0),
+                        f"{_fmt(row['gap_p50_us'], 0)} / {_fmt(row['gap_p99_us'], 0)}",
+                        f"{_fmt(row['gap_p50_ping'], 2)} / {_fmt(row['gap_p99_ping'], 2)}",
+                        f"{_fmt(row.get('gap_p50_quiet_ping'), 2)} / "
+                        f"{_fmt(row.get('gap_p99_quiet_ping'), 2)}",
                         _fmt(row.get("ping_during_us", {}).get(f"{kind(key)}_p50"), 0),
                         _fmt(row["handoffs_per_s"], 0),
-                        _fmt(row["grants_per_s"], 0),
-                        _fmt(100 * row["reacquisitions"] / max(1, row["grants"]), 0),
+                        f"{_fmt(hand.get('p50'), 0)} / {_fmt(hand.get('p99'), 0)}",
+                        f"{_fmt(row['client_cpu_us_per_grant'], 0)} / "
+                        f"{_fmt(row['server_cpu_us_per_grant'], 0)}",
                         f"{row['fifo_violations_call_order']}"
                         + (
                             f" / {row['fifo_violations_ticket_order']}"
@@ -354,30 +401,61 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
                             else ""
                         ),
                         _fmt(row.get("fifo_worst_overtake_ms"), 2),
-                        f"{_fmt(row['wait_ms'].get('p99'), 1)} / "
-                        f"{_fmt(row['wait_ms'].get('p100'), 1)}",
                         str(row["overlaps"]),
                     ]
                 )
             lines += _table(
                 [
-                    "library",
-                    f"hand-off p50 / p99 {TIMES} PING",
-                    f"{TIMES} quiet PING",
-                    "hand-off p50 / p99 µs",
-                    "PING µs",
-                    "hand-offs/s",
+                    "row",
                     "grants/s",
-                    "re-acq %",
-                    "FIFO violations call (/ ticket)",
+                    "idle gap p50 / p99 µs",
+                    f"{TIMES} in-run PING",
+                    f"{TIMES} quiet PING",
+                    "in-run PING µs",
+                    "hand-offs/s",
+                    "hand-off gap p50 / p99 µs",
+                    "CPU µs / grant client / server",
+                    "overtakes call (/ ticket)",
                     "worst overtake ms",
-                    "wait p99 / max ms",
                     "overlaps",
                 ],
                 rows,
             )
         if png:
-            lines += ["", f"![hand-off latency distributions]({png})"]
+            lines += ["", f"![idle-gap distributions]({png})"]
+
+    if "handoff" in results:
+        lines += [
+            "",
+            "## Round trips per hand-off",
+            "",
+            "One holder releases while one waiter waits (in the holder's process, or in "
+            "another); MONITOR lists the commands Redis received between the holder's "
+            "release call and the waiter's acquire return (ECHO markers sent just before "
+            "and just after; commands run inside scripts are listed apart: they are not round "
+            "trips, but show how the waiter is woken), averaged over "
+            f"{results['settings']['handoff_trials']} trial(s) per case, pure-Python parser. "
+            "A polling lock's count includes the polls that fell in the window.",
+            "",
+        ]
+        rows = []
+        for key, row in results["handoff"].items():
+            for case in HANDOFF_CASES:
+                one = row[case]
+                rows.append(
+                    [
+                        f"`{key}`",
+                        case.replace("_", " "),
+                        _fmt(one["round_trips"], 1),
+                        ", ".join(f"{c} {_fmt(n, 1)}" for c, n in one["commands"].items()),
+                        ", ".join(f"{side} {_fmt(n, 1)}" for side, n in one["by_side"].items()),
+                        ", ".join(f"{c} {_fmt(n, 1)}" for c, n in one["in_scripts"].items()),
+                    ]
+                )
+        lines += _table(
+            ["library", "waiter", "round trips", "commands", "sent by", "run inside scripts"],
+            rows,
+        )
 
     if "idle" in results:
         lines += [
@@ -488,34 +566,43 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
 # --- the plot ---------------------------------------------------------------------------------
 
 
-def plot(results: dict[str, Any], latencies: dict[str, dict[str, list[int]]], path: Path) -> None:
-    """Hand-off latency distributions (one panel per critical section), as a small PNG."""
+def plot(results: dict[str, Any], gaps: dict[str, dict[str, list[int]]], path: Path) -> None:
+    """Idle-gap distributions (one panel per critical section; hiredis rows
+    dashed), as a small PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(latencies.items())
+    panels = list(gaps.items())
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
-    for axis, (cs, by_lib) in zip(axes[0], panels, strict=True):
+    for axis, (cs, by_row) in zip(axes[0], panels, strict=True):
         ours = results.get("contended", {}).get(cs, {}).get(OURS, {})
         ping_us = ours.get("ping_during_us", {}).get(
-            "async_p50", results["ping"]["async"]["p50_us"]
+            "async_p50", next(iter(results["ping"].values()))["async"]["p50_us"]
         )
-        for key, values in by_lib.items():
+        for key, values in by_row.items():
             if not values:
                 continue
             xs = sorted(ns / 1000 for ns in values)
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            axis.step(xs, ys, where="post", label=key, linewidth=1.4 if key == OURS else 1.0)
+            library, parser = split_row_key(key)
+            axis.step(
+                xs,
+                ys,
+                where="post",
+                label=key,
+                linewidth=1.4 if library in (OURS, OURS_SYNC) else 1.0,
+                linestyle="--" if parser != "python" else "-",
+            )
         axis.axvline(3 * ping_us, color="grey", linestyle="--", linewidth=0.8)
         axis.axvline(10 * ping_us, color="grey", linestyle=":", linewidth=0.8)
         axis.set_xscale("symlog", linthresh=max(1.0, ping_us))
-        axis.set_xlabel(f"hand-off latency, µs (lines: 3{TIMES} and 10{TIMES} PING)")
-        axis.set_ylabel("fraction of hand-offs")
+        axis.set_xlabel(f"idle gap, µs (lines: 3{TIMES} and 10{TIMES} in-run PING of {OURS})")
+        axis.set_ylabel("fraction of grants")
         axis.set_title(f"critical section {cs}")
         axis.grid(True, alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -4,13 +4,21 @@
 in JSON lines: events on stdout, commands on stdin. Roles:
 
 - ``contend``: ``tasks`` contenders (asyncio tasks, or threads for sync
-  libraries) in this process. For every ``{"cmd": "run", ...}`` line: warm up,
-  wait for the common start time, take and release the lock in a loop until the
-  stop time, then print every hold. ``{"cmd": "exit"}`` ends it.
+  libraries) in this process. For every ``{"cmd": "run", ...}`` line: warm up
+  with the reply parser the line names, wait for the common start time, take
+  and release the lock in a loop until the stop time, then print every hold and
+  the CPU time the process used. ``{"cmd": "exit"}`` ends it. With
+  ``BENCH_PROFILE_DIR`` set, an asyncio library's phase runs under cProfile
+  and its stats are written there (``contend-<row>-<cs>-p<process>.pstats``).
+- ``relay``: ``contenders`` handles on one lock, each driven by the driver
+  (``take``, ``wait``, ``release``), with ``ECHO`` markers sent on a separate
+  connection just before a ``release`` and just after a ``wait``'s acquire
+  returned, so that ``MONITOR`` can count the commands of one hand-off.
 - ``idle``: ``waiters`` contenders all blocked on a lock the driver holds;
   prints ``ready`` when all have called ``acquire``, ``report`` (memory, errors)
   on request, and is then killed by the driver.
-- ``ping``: times PING round trips while the contenders run (see ``ping``).
+- ``ping``: times PING round trips while the contenders run, with the parser
+  of the run (see ``ping``).
 - ``crash-holder``: on ``go``, takes the lock with a short lease, prints when
   it got it, and waits to be killed.
 - ``crash-waiter``: on ``go``, asks for the lock and prints when it got it.
@@ -21,23 +29,41 @@ Every loop here is bounded: by the stop time, by a count, or by ``MAX_LIFE_S``.
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import json
 import os
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from benchmarks.libraries import BY_KEY, AsyncContender, Connection, Library, SyncContender
+import redis
+import redis.asyncio
+
+from benchmarks.libraries import (
+    BY_KEY,
+    AsyncContender,
+    Connection,
+    Library,
+    SyncContender,
+    row_key,
+)
 
 MAX_LIFE_S = 600.0
 """No worker outlives this, whatever the driver does."""
 
 
+_EMIT_GUARD = threading.Lock()
+
+
 def emit(event: str, **fields: Any) -> None:
-    """Print one JSON event line for the driver."""
-    print(json.dumps({"event": event, **fields}), flush=True)
+    """Print one JSON event line for the driver (from any thread)."""
+    line = json.dumps({"event": event, **fields})
+    with _EMIT_GUARD:
+        print(line, flush=True)
 
 
 def read_command() -> dict[str, Any]:
@@ -191,17 +217,36 @@ def contend_sync(
 
 def contend(library: Library, spec: dict[str, Any]) -> None:
     """The ``contend`` role."""
-    conn = Connection(spec["url"], spec["client_name"])
+    connections: dict[str, Connection] = {}
+    profile_dir = os.environ.get("BENCH_PROFILE_DIR")
     emit("ready")
     for _ in range(1000):  # phases; the driver sends a handful
         cmd = read_command()
         if cmd["cmd"] != "run":
             return
+        parser = cmd["parser"]
+        if parser not in connections:
+            connections[parser] = Connection(spec["url"], spec["client_name"], parser)
+        conn = connections[parser]
+        profiler = cProfile.Profile() if profile_dir and library.kind == "async" else None
+        cpu_before = time.process_time_ns()
         if library.kind == "async":
+            if profiler is not None:
+                profiler.enable()
             tally = asyncio.run(contend_async(library, conn, spec, cmd))
+            if profiler is not None:
+                profiler.disable()
         else:
             tally = contend_sync(library, conn, spec, cmd)
-        emit("done", holds=tally.holds, errors=tally.errors)
+        cpu_ns = time.process_time_ns() - cpu_before
+        if profiler is not None and profile_dir:
+            where = Path(profile_dir)
+            where.mkdir(parents=True, exist_ok=True)
+            row = row_key(library.key, parser)
+            profiler.dump_stats(
+                where / f"contend-{row}-{cmd['cs_ms']:g}ms-p{spec['process']}.pstats"
+            )
+        emit("done", holds=tally.holds, errors=tally.errors, cpu_ns=cpu_ns)
 
 
 # --- ping --------------------------------------------------------------------------------
@@ -209,39 +254,140 @@ def contend(library: Library, spec: dict[str, Any]) -> None:
 
 def ping(spec: dict[str, Any]) -> None:
     """The ``ping`` role: for every ``run`` command, time bare PINGs (alternately
-    with a ``redis.asyncio`` and a ``redis.Redis`` client, ``interval_ms`` apart)
-    while the contenders run, so the latency ratios have a round trip measured
-    under the same load."""
-    import redis
-    import redis.asyncio
-
-    sync_client = redis.Redis.from_url(spec["url"], client_name="bench-ping")
+    with a ``redis.asyncio`` and a ``redis.Redis`` client, ``interval_ms`` apart,
+    both with the run's reply parser) while the contenders run, so the latency
+    ratios have a round trip measured under the same load."""
+    connections: dict[str, Connection] = {}
     emit("ready")
     for _ in range(1000):  # phases; the driver sends a handful
         cmd = read_command()
         if cmd["cmd"] != "run":
             return
+        parser = cmd["parser"]
+        if parser not in connections:
+            connections[parser] = Connection(spec["url"], "bench-ping", parser)
+        emit("done", samples=asyncio.run(ping_phase(connections[parser], spec, cmd)))
 
-        async def run(command: dict[str, Any]) -> dict[str, list[int]]:
-            client = redis.asyncio.Redis.from_url(spec["url"], client_name="bench-ping")
-            samples: dict[str, list[int]] = {"async": [], "sync": []}
-            await client.ping()
-            sync_client.ping()
-            await asyncio.sleep(max(0.0, (command["measured_from_ns"] - time.monotonic_ns()) / 1e9))
-            pause = spec["interval_ms"] / 1000
-            while time.monotonic_ns() < command["stop_ns"]:
-                begin = time.perf_counter_ns()
-                await client.ping()
-                samples["async"].append(time.perf_counter_ns() - begin)
-                await asyncio.sleep(pause)
-                begin = time.perf_counter_ns()
-                sync_client.ping()
-                samples["sync"].append(time.perf_counter_ns() - begin)
-                await asyncio.sleep(pause)
-            await client.aclose()
-            return samples
 
-        emit("done", samples=asyncio.run(run(cmd)))
+async def ping_phase(
+    conn: Connection, spec: dict[str, Any], command: dict[str, Any]
+) -> dict[str, list[int]]:
+    """One phase of the ``ping`` role: PINGs from ``measured_from_ns`` to ``stop_ns``."""
+    sync_client = conn.sync()
+    client = conn.async_()
+    samples: dict[str, list[int]] = {"async": [], "sync": []}
+    await client.ping()
+    sync_client.ping()
+    await asyncio.sleep(max(0.0, (command["measured_from_ns"] - time.monotonic_ns()) / 1e9))
+    pause = spec["interval_ms"] / 1000
+    while time.monotonic_ns() < command["stop_ns"]:
+        begin = time.perf_counter_ns()
+        await client.ping()
+        samples["async"].append(time.perf_counter_ns() - begin)
+        await asyncio.sleep(pause)
+        begin = time.perf_counter_ns()
+        sync_client.ping()
+        samples["sync"].append(time.perf_counter_ns() - begin)
+        await asyncio.sleep(pause)
+    await conn.aclose()
+    return samples
+
+
+# --- relay ---------------------------------------------------------------------------
+
+
+def relay_async(library: Library, spec: dict[str, Any]) -> None:
+    """The ``relay`` role for an asyncio library: every contender a task of one loop."""
+    make = async_factory(library)
+    conn = Connection(spec["url"], spec["client_name"], spec["parser"])
+
+    async def main() -> None:
+        marker = redis.asyncio.Redis.from_url(spec["url"], client_name=spec["marker_name"])
+        contenders = [make(conn, spec["name"], None) for _ in range(spec["contenders"])]
+        warm = make(conn, f"{spec['name']}-warm", None)
+        await warm.acquire()
+        await warm.release()
+        await marker.ping()
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def take(who: int) -> None:
+            await contenders[who].acquire()
+            emit("held", who=who)
+
+        async def wait(who: int, end: str) -> None:
+            emit("waiting", who=who)
+            await contenders[who].acquire()
+            await marker.echo(end)
+            emit("acquired", who=who)
+
+        async def release(who: int, begin: str | None) -> None:
+            if begin is not None:
+                await marker.echo(begin)
+            await contenders[who].release()
+            emit("released", who=who)
+
+        emit("ready")
+        for _ in range(100_000):
+            cmd = await loop.run_in_executor(None, read_command)
+            if cmd["cmd"] == "take":
+                job = take(cmd["who"])
+            elif cmd["cmd"] == "wait":
+                job = wait(cmd["who"], cmd["end"])
+            elif cmd["cmd"] == "release":
+                job = release(cmd["who"], cmd.get("begin"))
+            else:
+                break
+            task = asyncio.create_task(job)
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        await asyncio.sleep(0.1)
+        await marker.aclose()
+        await conn.aclose()
+
+    asyncio.run(main())
+
+
+def relay_sync(library: Library, spec: dict[str, Any]) -> None:
+    """The ``relay`` role for a threaded library: one thread per contender (some
+    libraries keep the owner's token in the thread), fed by a queue."""
+    make = sync_factory(library)
+    conn = Connection(spec["url"], spec["client_name"], spec["parser"])
+    marker = redis.Redis.from_url(spec["url"], client_name=spec["marker_name"])
+    warm = make(conn, f"{spec['name']}-warm", None)
+    warm.acquire()
+    warm.release()
+    marker.ping()
+    inboxes: list[queue.Queue[dict[str, Any]]] = [queue.Queue() for _ in range(spec["contenders"])]
+
+    def serve(who: int) -> None:
+        contender = make(conn, spec["name"], None)
+        for _ in range(100_000):
+            cmd = inboxes[who].get()
+            if cmd["cmd"] == "take":
+                contender.acquire()
+                emit("held", who=who)
+            elif cmd["cmd"] == "wait":
+                emit("waiting", who=who)
+                contender.acquire()
+                marker.echo(cmd["end"])
+                emit("acquired", who=who)
+            elif cmd["cmd"] == "release":
+                if cmd.get("begin") is not None:
+                    marker.echo(cmd["begin"])
+                contender.release()
+                emit("released", who=who)
+            else:
+                return
+
+    for who in range(spec["contenders"]):
+        threading.Thread(target=serve, args=(who,), daemon=True).start()
+    emit("ready")
+    for _ in range(100_000):
+        cmd = read_command()
+        if cmd["cmd"] not in ("take", "wait", "release"):
+            return
+        inboxes[cmd["who"]].put(cmd)
 
 
 # --- idle ------------------------------------------------------------------------------
@@ -410,6 +556,9 @@ ROLES: dict[str, Callable[[Library, dict[str, Any]], None]] = {
         asyncio.run(idle_async(library, spec))
         if library.kind == "async"
         else idle_sync(library, spec)
+    ),
+    "relay": lambda library, spec: (
+        relay_async(library, spec) if library.kind == "async" else relay_sync(library, spec)
     ),
     "crash-holder": crash_holder,
     "crash-waiter": crash_waiter,

@@ -1,4 +1,4 @@
-"""The five workloads, each a function of a library, the server URL and a ``Size``.
+"""The workloads, each a function of a library, the server URL and a ``Size``.
 
 ``benchmarks.run`` describes them and runs them in order; ``benchmarks.worker``
 is the code that runs in their child processes.
@@ -21,12 +21,13 @@ import redis.asyncio
 from benchmarks.analysis import Hold, distribution, median, quantile, summarize_contended
 from benchmarks.harness import (
     BenchError,
+    Worker,
     calls_between,
     command_calls,
     connected_clients,
     workers,
 )
-from benchmarks.libraries import Connection, Library, holder_kind
+from benchmarks.libraries import Connection, Library, Parser, holder_kind
 from benchmarks.worker import sync_factory
 from redis_fifo_lock.protocol import LockKeys
 
@@ -65,6 +66,10 @@ class Size:
             started, before measuring.
         crash_trials, crash_lease_ms: kills per library; the lease every library
             gets (python-redis-lock's is whole seconds: 1,000 ms is its least).
+        handoff_trials: hand-offs watched under MONITOR per library and case
+            (waiter in the releaser's process, or in another).
+        handoff_settle_s: pause between a waiter's acquire call and the
+            holder's release, so that the waiter is queued (or polling).
     """
 
     ping_samples: int
@@ -80,11 +85,13 @@ class Size:
     crash_trials: int
     contended_lead_s: float = 0.5
     processes: int = 4
-    tasks: int = 8
+    tasks: int = 4
     critical_sections_ms: tuple[float, ...] = (0.0, 1.0)
     crash_lease_ms: int = 1000
     keyspace_waiters: int = 10
     keyspace_idle_s: float = 30.0
+    handoff_trials: int = 20
+    handoff_settle_s: float = 0.1
 
 
 SIZES = {
@@ -102,6 +109,8 @@ SIZES = {
         crash_trials=1,
         contended_lead_s=0.3,
         keyspace_idle_s=1.0,
+        handoff_trials=2,
+        handoff_settle_s=0.05,
     ),
     "full": Size(
         ping_samples=3000,
@@ -118,7 +127,7 @@ SIZES = {
     ),
 }
 
-WORKLOADS = ("uncontended", "contended", "idle", "crash", "keyspace")
+WORKLOADS = ("uncontended", "contended", "handoff", "idle", "crash", "keyspace")
 
 
 # --- 1. PING ----------------------------------------------------------------------------------
@@ -135,11 +144,12 @@ def ping_stats(samples_ns: list[int]) -> dict[str, Any]:
     }
 
 
-def measure_ping(url: str, samples: int) -> dict[str, Any]:
+def measure_ping(url: str, samples: int, parser: Parser) -> dict[str, Any]:
     """Bare PING round trips with an asyncio and a sync client, after a warm-up."""
+    conn = Connection(url, MONITOR_NAME, parser)
 
     async def run_async() -> list[int]:
-        client = redis.asyncio.Redis.from_url(url)
+        client = conn.async_()
         try:
             for _ in range(max(50, samples // 10)):
                 await client.ping()
@@ -150,9 +160,9 @@ def measure_ping(url: str, samples: int) -> dict[str, Any]:
                 times.append(time.perf_counter_ns() - begin)
             return times
         finally:
-            await client.aclose()
+            await conn.aclose()
 
-    client = redis.Redis.from_url(url)
+    client = conn.sync()
     try:
         for _ in range(max(50, samples // 10)):
             client.ping()
@@ -215,9 +225,11 @@ def per_iteration(commands: list[str], iterations: int) -> dict[str, float]:
     return {command: count / iterations for command, count in sorted(counts.items())}
 
 
-def measure_uncontended(library: Library, url: str, name: str, size: Size) -> dict[str, Any]:
+def measure_uncontended(
+    library: Library, url: str, name: str, size: Size, parser: Parser
+) -> dict[str, Any]:
     """Time acquire + release with nobody else around, then count its commands."""
-    conn = Connection(url, "bench-uncontended")
+    conn = Connection(url, "bench-uncontended", parser)
     times: list[int] = []
     watch = CommandWatch(url)
     n, warm, watched = (
@@ -272,14 +284,28 @@ def measure_uncontended(library: Library, url: str, name: str, size: Size) -> di
 # --- 3. contended -----------------------------------------------------------------------------
 
 
-def run_contended(
-    library: Library, url: str, run_id: str, size: Size, repeat: int, quiet_ping_ns: float
-) -> dict[str, dict[str, Any]]:
-    """Both critical-section lengths for one library, in one set of processes.
+def server_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds the Redis server has used (user + system, ``INFO cpu``)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
-    A ``ping`` worker times PING round trips during the measured window; the
-    hand-off ratios divide by its p50 for the library's kind of client (the
-    ``*_quiet_ping`` ratios by the PING measured at the start, on a quiet server).
+
+def run_contended(
+    library: Library,
+    url: str,
+    run_id: str,
+    size: Size,
+    repeat: int,
+    parsers: tuple[Parser, ...],
+    quiet_ping_ns: dict[str, float],
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every (critical section, parser) phase for one library, in one set of
+    processes; returns {(cs, parser): summary}.
+
+    A ``ping`` worker times PING round trips during each measured window with
+    the phase's parser; the ``gap_*_ping`` ratios divide by its p50 for the
+    library's kind of client, the ``gap_*_quiet_ping`` ratios by the PING
+    measured at the start on a quiet server (``quiet_ping_ns``, by parser).
     """
     specs = [
         {
@@ -291,71 +317,89 @@ def run_contended(
         }
         for process in range(size.processes)
     ]
-    load_before = os.getloadavg()[0]
     ping_spec = {"library": library.key, "url": url, "interval_ms": PING_INTERVAL_MS}
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    server = redis.Redis.from_url(url, client_name=MONITOR_NAME)
     with workers("contend", specs) as procs, workers("ping", [ping_spec]) as (pinger,):
         for worker in [*procs, pinger]:
             worker.expect("ready", 60)
-        for cs_ms in size.critical_sections_ms:
-            name = f"bench-{run_id}-contend-{library.key}-{cs_ms:g}ms-{repeat}"
-            start_ns = time.monotonic_ns() + int(size.contended_lead_s * 1e9)
-            measured_from = start_ns + int(size.contended_warmup_s * 1e9)
-            stop_ns = measured_from + int(size.contended_s * 1e9)
-            drain_s = 30.0
-            for worker in procs:
-                worker.send(
-                    cmd="run",
-                    name=name,
-                    cs_ms=cs_ms,
-                    start_ns=start_ns,
-                    stop_ns=stop_ns,
-                    drain_s=drain_s,
+        for parser in parsers:
+            for cs_ms in size.critical_sections_ms:
+                cs = f"{cs_ms:g}ms"
+                name = f"bench-{run_id}-contend-{library.key}-{parser}-{cs}-{repeat}"
+                load_before = os.getloadavg()[0]
+                start_ns = time.monotonic_ns() + int(size.contended_lead_s * 1e9)
+                measured_from = start_ns + int(size.contended_warmup_s * 1e9)
+                stop_ns = measured_from + int(size.contended_s * 1e9)
+                drain_s = 30.0
+                server_cpu_before = server_cpu_s(server)
+                for worker in procs:
+                    worker.send(
+                        cmd="run",
+                        name=name,
+                        parser=parser,
+                        cs_ms=cs_ms,
+                        start_ns=start_ns,
+                        stop_ns=stop_ns,
+                        drain_s=drain_s,
+                    )
+                pinger.send(
+                    cmd="run", parser=parser, measured_from_ns=measured_from, stop_ns=stop_ns
                 )
-            pinger.send(cmd="run", measured_from_ns=measured_from, stop_ns=stop_ns)
-            holds: list[Hold] = []
-            errors: list[str] = []
-            budget = (stop_ns - time.monotonic_ns()) / 1e9 + drain_s + 30
-            for worker in procs:
-                done = worker.expect("done", budget)
-                holds.extend(Hold.from_row(row) for row in done["holds"])
-                errors.extend(done["errors"])
-            samples = pinger.expect("done", budget)["samples"]
-            during = {kind: ping_stats(samples[kind]) for kind in ("async", "sync")}
-            summary = summarize_contended(
-                holds, (measured_from, stop_ns), during[library.kind]["p50_ns"]
-            )
-            latencies = summary["_latencies_ns"]
-            summary["ping_during_us"] = {
-                f"{kind}_{point}": during[kind][f"{point}_us"]
-                for kind in ("async", "sync")
-                for point in ("p50", "p99")
-            }
-            summary["handoff_p50_quiet_ping"] = (
-                quantile(latencies, 50) / quiet_ping_ns if latencies else None
-            )
-            summary["handoff_p99_quiet_ping"] = (
-                quantile(latencies, 99) / quiet_ping_ns if latencies else None
-            )
-            summary["errors"] = errors
-            summary["load_average_1min"] = load_before
-            results[f"{cs_ms:g}ms"] = summary
+                holds: list[Hold] = []
+                errors: list[str] = []
+                client_cpu_ns = 0
+                budget = (stop_ns - time.monotonic_ns()) / 1e9 + drain_s + 30
+                for worker in procs:
+                    done = worker.expect("done", budget)
+                    holds.extend(Hold.from_row(row) for row in done["holds"])
+                    errors.extend(done["errors"])
+                    client_cpu_ns += int(done["cpu_ns"])
+                samples = pinger.expect("done", budget)["samples"]
+                server_cpu = server_cpu_s(server) - server_cpu_before
+                during = {kind: ping_stats(samples[kind]) for kind in ("async", "sync")}
+                summary = summarize_contended(
+                    holds, (measured_from, stop_ns), during[library.kind]["p50_ns"]
+                )
+                gaps = summary["_gaps_ns"]
+                quiet = quiet_ping_ns[parser]
+                summary["ping_during_us"] = {
+                    f"{kind}_{point}": during[kind][f"{point}_us"]
+                    for kind in ("async", "sync")
+                    for point in ("p50", "p99")
+                }
+                summary["gap_p50_quiet_ping"] = quantile(gaps, 50) / quiet if gaps else None
+                summary["gap_p99_quiet_ping"] = quantile(gaps, 99) / quiet if gaps else None
+                # CPU per grant over the whole phase (warm-up and drain included),
+                # all contender processes together; the server's includes the
+                # light PING load.
+                every_grant = max(1, len(holds))
+                summary["client_cpu_us_per_grant"] = client_cpu_ns / 1000 / every_grant
+                summary["server_cpu_us_per_grant"] = server_cpu * 1e6 / every_grant
+                summary["errors"] = errors
+                summary["load_average_1min"] = load_before
+                results[(cs, parser)] = summary
+    server.close()
     return results
 
 
+SUMMED = (
+    "fifo_violations_call_order",
+    "fifo_violations_ticket_order",
+    "overlaps",
+    "fence_order_errors",
+    "grants",
+    "handoffs",
+    "reacquisitions",
+)
+"""Counts that are added up over repeats rather than taken the median of."""
+
+
 def combine_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One figure per metric: the median over repeats (sums for error counts)."""
+    """One figure per metric: the median over repeats (sums for counts, the
+    largest worst overtake); the gaps of all repeats pooled as ``gap_pooled_us``."""
     if not runs:
         return {}
-    summed = (
-        "fifo_violations_call_order",
-        "fifo_violations_ticket_order",
-        "overlaps",
-        "fence_order_errors",
-        "grants",
-        "handoffs",
-        "reacquisitions",
-    )
     combined: dict[str, Any] = {"repeats": len(runs)}
     for key, value in runs[0].items():
         if key.startswith("_"):
@@ -363,7 +407,7 @@ def combine_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [run[key] for run in runs]
         if key == "fifo_worst_overtake_ms":
             combined[key] = max(values)
-        elif key in summed:
+        elif key in SUMMED:
             combined[key] = None if value is None else sum(values)
         elif key == "errors":
             combined[key] = [error for run in runs for error in run[key]]
@@ -371,16 +415,16 @@ def combine_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
             combined[key] = {point: median(run[key].get(point) for run in runs) for point in value}
         else:
             combined[key] = median(values)
-    latencies = [ns for run in runs for ns in run["_latencies_ns"]]
-    combined["handoff_pooled_us"] = distribution([ns / 1000 for ns in latencies])
+    gaps = [ns for run in runs for ns in run["_gaps_ns"]]
+    combined["gap_pooled_us"] = distribution([ns / 1000 for ns in gaps])
     combined["per_repeat"] = [
         {
             key: run[key]
             for key in (
                 "grants_per_s",
                 "handoffs_per_s",
-                "handoff_p50_ping",
-                "handoff_p99_ping",
+                "gap_p50_ping",
+                "gap_p99_ping",
                 "fifo_violations_call_order",
                 "load_average_1min",
             )
@@ -390,7 +434,166 @@ def combine_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return combined
 
 
-# --- 4. idle -----------------------------------------------------------------------------------
+# --- 4. hand-off commands ---------------------------------------------------------------------
+
+
+class MonitorLog:
+    """Every command the server receives (``MONITOR``) between two markers of
+    its own, as (command, client address, client type) tuples."""
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(url, client_name=MONITOR_NAME)
+        self._marker = f"bench-log-{secrets.token_hex(4)}"
+        self.entries: list[tuple[str, str, str]] = []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="bench-monitor", daemon=True)
+
+    def _watch(self) -> None:
+        inside = False
+        with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            self._ready.set()
+            for _ in range(10_000_000):
+                entry = monitor.next_command()
+                command = str(entry["command"])
+                if self._marker in command:
+                    if inside:
+                        return
+                    inside = True
+                elif inside:
+                    address = f"{entry['client_address']}:{entry['client_port']}"
+                    self.entries.append((command, address, str(entry["client_type"])))
+
+    def __enter__(self) -> MonitorLog:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise BenchError("MONITOR did not start")
+        time.sleep(0.05)
+        self._client.echo(self._marker)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.echo(self._marker)
+        self._thread.join(30)
+        self._client.close()
+
+
+def handoff_windows(
+    entries: list[tuple[str, str, str]], markers: list[tuple[str, str]]
+) -> list[list[tuple[str, str]]]:
+    """For each (begin, end) marker pair, the (command name, client address) of
+    every command the server ran between the two ``ECHO``s; the address is
+    ``lua:`` for a command run inside a script (not a round trip). The markers'
+    own connection sends nothing else."""
+    windows: list[list[tuple[str, str]]] = []
+    for begin, end in markers:
+        inside: list[tuple[str, str]] | None = None
+        for command, address, _client_type in entries:
+            if begin in command:
+                inside = []
+            elif end in command:
+                if inside is not None:
+                    windows.append(inside)
+                break
+            elif inside is not None:
+                inside.append((command.split(" ", 1)[0].upper(), address))
+    return windows
+
+
+SIDES = {"-a": "releaser's process", "-b": "waiter's process"}
+"""Which process a hand-off command came from, by its connection's name suffix."""
+
+
+def run_handoff(library: Library, url: str, run_id: str, size: Size) -> dict[str, Any]:
+    """Count the commands of single hand-offs under MONITOR, with the pure-Python
+    parser (the parser changes no command).
+
+    Process A has two contenders and process B one. In each trial the holder
+    (A's first) releases while one waiter is waiting, either in its own process
+    (A's second) or in the other (B's): the round trips between the holder's
+    ``release`` call and the waiter's ``acquire`` return are counted, split by
+    which process sent them.
+    """
+    name = f"bench-{run_id}-handoff-{library.key}"
+    specs = [
+        {
+            "library": library.key,
+            "url": url,
+            "parser": "python",
+            "name": name,
+            "client_name": f"bench-relay-{side}",
+            "marker_name": f"bench-marker-{side}",
+            "contenders": count,
+        }
+        for side, count in (("a", 2), ("b", 1))
+    ]
+    monitor = redis.Redis.from_url(url, client_name=MONITOR_NAME)
+    markers: list[tuple[str, str]] = []
+    cases: list[str] = []
+    names: dict[str, str] = {}
+    prefix = f"bench-handoff-{secrets.token_hex(3)}"
+
+    def trial(waiter: Worker, who: int, begin: str, end: str) -> None:
+        a.send(cmd="take", who=0)
+        a.expect("held", 30)
+        waiter.send(cmd="wait", who=who, end=end)
+        waiter.expect("waiting", 30)
+        time.sleep(size.handoff_settle_s)
+        a.send(cmd="release", who=0, begin=begin)
+        a.expect("released", 30)
+        waiter.expect("acquired", 30)
+        waiter.send(cmd="release", who=who)
+        waiter.expect("released", 30)
+        # Who sent what: the names of the connections open now (a library may
+        # open and close connections between trials).
+        for entry in monitor.client_list():
+            names[str(entry["addr"])] = str(entry["name"])
+
+    with workers("relay", specs) as (a, b):
+        a.expect("ready", 60)
+        b.expect("ready", 60)
+        # One unwatched hand-off of each case first: connections are opened and
+        # scripts loaded, as in a lock that has been used before.
+        trial(a, 1, f"{prefix}-warm", f"{prefix}-warm")
+        trial(b, 0, f"{prefix}-warm", f"{prefix}-warm")
+        with MonitorLog(url) as log:
+            for number in range(size.handoff_trials):
+                for case, waiter, who in (("same process", a, 1), ("other process", b, 0)):
+                    begin = f"{prefix}-begin-{number}-{who}"
+                    end = f"{prefix}-end-{number}-{who}"
+                    trial(waiter, who, begin, end)
+                    markers.append((begin, end))
+                    cases.append(case)
+    monitor.close()
+    windows = handoff_windows(log.entries, markers)
+    if len(windows) != len(markers):
+        raise BenchError(f"{library.key}: {len(windows)} of {len(markers)} hand-offs seen")
+    result: dict[str, Any] = {"trials": size.handoff_trials}
+    for case in ("same process", "other process"):
+        picked = [window for window, one in zip(windows, cases, strict=True) if one == case]
+        counts: dict[str, float] = {}
+        in_scripts: dict[str, float] = {}
+        by_side: dict[str, float] = {}
+        for window in picked:
+            for command, address in window:
+                if address == "lua:":
+                    in_scripts[command] = in_scripts.get(command, 0) + 1 / len(picked)
+                    continue
+                counts[command] = counts.get(command, 0) + 1 / len(picked)
+                side = SIDES.get(names.get(address, "")[-2:], "unnamed connection")
+                by_side[side] = by_side.get(side, 0) + 1 / len(picked)
+        result[case.replace(" ", "_")] = {
+            "round_trips": sum(counts.values()),
+            "commands": dict(sorted(counts.items())),
+            "by_side": by_side,
+            "in_scripts": dict(sorted(in_scripts.items())),
+            "per_trial": [
+                sum(1 for _, address in window if address != "lua:") for window in picked
+            ],
+        }
+    return result
+
+
+# --- 5. idle -----------------------------------------------------------------------------------
 
 
 def wait_queued(client: redis.Redis, name: str, count: int, timeout_s: float) -> None:
@@ -492,7 +695,7 @@ def run_idle(
     }
 
 
-# --- 5. crash -----------------------------------------------------------------------------------
+# --- 6. crash -----------------------------------------------------------------------------------
 
 
 def run_crash_trial(library: Library, url: str, name: str, lease_ms: int) -> dict[str, float]:
