@@ -67,11 +67,12 @@ class RecordingProtocol(Protocol):
         session: str,
         settings: LockSettings,
         *,
+        call: str,
         requeue: bool = False,
     ) -> tuple[Grant | None, int, int]:
         grant, ticket, holder = await self._guard(
             "acquire",
-            self.inner.acquire(client, keys, token, session, settings, requeue=requeue),
+            self.inner.acquire(client, keys, token, session, settings, call=call, requeue=requeue),
         )
         self.record.queued(token, ticket, grant is not None)
         return grant, ticket, holder
@@ -82,9 +83,18 @@ class RecordingProtocol(Protocol):
         return await self._guard("claim", self.inner.claim(client, keys, token, ticket, settings))
 
     async def release(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
-    ) -> int:
-        return await self._guard("release", self.inner.release(client, keys, token, fence, keep_ms))
+        self,
+        client: AsyncClient,
+        keys: LockKeys,
+        token: str,
+        fence: int,
+        keep_ms: int,
+        call: str,
+        session: str = "-",
+    ) -> tuple[int, tuple[str, Grant] | None]:
+        return await self._guard(
+            "release", self.inner.release(client, keys, token, fence, keep_ms, call, session)
+        )
 
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
@@ -99,9 +109,10 @@ class RecordingProtocol(Protocol):
         ticket: int,
         session: str,
         keep_ms: int,
+        call: str,
     ) -> int:
         return await self._guard(
-            "withdraw", self.inner.withdraw(client, keys, token, ticket, session, keep_ms)
+            "withdraw", self.inner.withdraw(client, keys, token, ticket, session, keep_ms, call)
         )
 
     async def poll(

@@ -107,9 +107,12 @@ class NoRenewalLock(FifoLock):
     """MUTANT renewal-never-started: the lease is handed out with no renewal at all
     (its local deadline is still the grant's, so it runs out under a live holder)."""
 
-    def _start_lease(self, hub: Hub, token: str, grant: Grant, sent: float) -> Lease:
-        lease = Lease(self.name, token, grant.fence, grant.ticket, sent + grant.pttl_ms / 1000)
-        hub.leases[token] = lease
+    def _start_lease(self, hub: Hub, waiter: Waiter, grant: Grant, sent: float) -> Lease:
+        expires_at = sent + grant.pttl_ms / 1000
+        lease = Lease(
+            self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
+        )
+        hub.leases[(self.keys, waiter.token)] = lease
         return lease
 
 
@@ -127,8 +130,8 @@ class UnboundedRenewalLock(FifoLock):
     lease keeps no local deadline, so a holder cut off from Redis is told its lease
     is gone only when a reply finally comes, long after the lock moved on."""
 
-    def _start_lease(self, hub: Hub, token: str, grant: Grant, sent: float) -> Lease:
-        lease = super()._start_lease(hub, token, grant, sent)
+    def _start_lease(self, hub: Hub, waiter: Waiter, grant: Grant, sent: float) -> Lease:
+        lease = super()._start_lease(hub, waiter, grant, sent)
         lease.__class__ = NoDeadlineLease  # the mutation, part 1: no local deadline
         return lease
 
@@ -177,12 +180,14 @@ class _ForgetfulHub:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._hub, name)
 
-    def withdraw(self, group: WaitGroup, token: str, ticket: int) -> asyncio.Future[None]:
+    def withdraw(
+        self, group: WaitGroup, token: str, ticket: int, call: str
+    ) -> asyncio.Future[None]:
         if ticket == 0:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done  # the mutation: nothing is withdrawn, now or later
-        return self._hub.withdraw(group, token, ticket)
+        return self._hub.withdraw(group, token, ticket, call)
 
 
 class AbandoningLock(FifoLock):
@@ -235,7 +240,7 @@ class RingDatedLock(FifoLock):
         if rung is not None:
             waiter.rung = None  # type: ignore[attr-defined]
             grant, read_at = rung
-            return self._start_lease(hub, waiter.token, grant, read_at)
+            return self._start_lease(hub, waiter, grant, read_at)
         return await super()._claim(hub, group, waiter, started, deadline)
 
 
@@ -257,7 +262,7 @@ class SplitGrantProtocol(Protocol):
         super().__init__(**overrides)
         body = (
             "\nlocal now, now_us = clock()\n"
-            "local g = grant_next(now, now_us, ARGV[1], tonumber(ARGV[2]), ARGV[3])\n"
+            "local g = grant_next(now, now_us, ARGV[1], tonumber(ARGV[2]), ARGV[3], false)\n"
             "touch(tonumber(ARGV[2]))\n"
             "if g then return g end\nreturn false\n"
         )
@@ -292,10 +297,11 @@ class SplitGrantProtocol(Protocol):
         session: str,
         settings: LockSettings,
         *,
+        call: str,
         requeue: bool = False,
     ) -> tuple[Grant | None, int, int]:
         grant, ticket, holder = await super().acquire(
-            client, keys, token, session, settings, requeue=requeue
+            client, keys, token, session, settings, call=call, requeue=requeue
         )
         if grant is None:
             made = await self._hand_off(client, keys, settings.keep_ms, token)
@@ -304,12 +310,21 @@ class SplitGrantProtocol(Protocol):
         return grant, ticket, holder
 
     async def release(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, keep_ms: int
-    ) -> int:
-        outcome = await super().release(client, keys, token, fence, keep_ms)
+        self,
+        client: AsyncClient,
+        keys: LockKeys,
+        token: str,
+        fence: int,
+        keep_ms: int,
+        call: str,
+        session: str = "-",
+    ) -> tuple[int, tuple[str, Grant] | None]:
+        outcome, handover = await super().release(
+            client, keys, token, fence, keep_ms, call, session
+        )
         if outcome == RELEASED:
             await self._hand_off(client, keys, keep_ms)
-        return outcome
+        return outcome, handover
 
     async def withdraw(
         self,
@@ -319,8 +334,9 @@ class SplitGrantProtocol(Protocol):
         ticket: int,
         session: str,
         keep_ms: int,
+        call: str,
     ) -> int:
-        outcome = await super().withdraw(client, keys, token, ticket, session, keep_ms)
+        outcome = await super().withdraw(client, keys, token, ticket, session, keep_ms, call)
         if outcome in (WITHDRAWN, GAVE_BACK):
             await self._hand_off(client, keys, keep_ms)
         return outcome
@@ -402,18 +418,17 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local granted = grant_next(now, now_us, doorbell, keep_ms, token)",
+                    "local granted = grant_next(now, now_us, doorbell, keep_ms, token, false)",
                     "local granted = nil\n"
                     "if redis.call('EXISTS', K_LEASE) == 0 then -- MUTANT grant-not-head\n"
                     "    redis.call('ZREM', K_QUEUE, token)\n"
                     "    redis.call('HDEL', K_WAITERS, token)\n"
                     "    local fence = next_number('fence', now_us)\n"
                     "    redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence),\n"
-                    "        'ticket', int(ticket), 'session', session,\n"
+                    "        'ticket', int(ticket), 'session', session, 'call', call,\n"
                     "        'deadline', int(now + max_hold_ms))\n"
                     "    redis.call('PEXPIRE', K_LEASE, lease_ms)\n"
-                    "    redis.call('HSET', K_COUNTERS, 'holder', token,\n"
-                    "        'holder_ticket', int(ticket))\n"
+                    "    redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)\n"
                     "    granted = {token, fence, ticket, lease_ms}\n"
                     "end",
                 ),
@@ -424,8 +439,10 @@ MUTANTS: dict[str, Mutant] = {
             "the grant is a read round trip (is it free?) then a write round trip (grant)",
             lua=(
                 _all(
-                    "local function grant_next(now, now_us, doorbell, keep_ms, caller)\n",
-                    "local function grant_next(now, now_us, doorbell, keep_ms, caller)\n"
+                    "local function grant_next(now, now_us, doorbell, keep_ms, caller_token, "
+                    "caller_session)\n",
+                    "local function grant_next(now, now_us, doorbell, keep_ms, caller_token, "
+                    "caller_session)\n"
                     "    do return nil end -- MUTANT split-grant: granted from Python\n",
                 ),
             ),
@@ -486,7 +503,10 @@ MUTANTS: dict[str, Mutant] = {
             "an acquire whose fate is unknown (no reply: RedisUnavailable, timeout, "
             "cancellation during the call) is never withdrawn",
             lock_class=AbandoningLock,
-            requires=((FifoLock._enqueue, "hub.withdraw(group, waiter.token, 0)"),),
+            requires=(
+                (FifoLock._enqueue, "hub.withdraw(group, waiter.token, 0, waiter.call)"),
+                (FifoLock._enqueue, "await asyncio.shield(self._give_up(hub, group, waiter))"),
+            ),
         ),
         Mutant(
             "withdraw-keeps-grant",
@@ -494,8 +514,7 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("withdraw",),
-                    "elseif held[1] == token and (ticket == 0 or tonumber(held[2]) == ticket) "
-                    "and held[3] == session then",
+                    "elseif held[1] == token and is_this(held[3], tonumber(held[2]), held[4]) then",
                     "elseif false then -- MUTANT withdraw-keeps-grant",
                 ),
             ),
@@ -507,16 +526,9 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("withdraw",),
-                    "if queued and (ticket == 0 or queued == ticket)\n"
-                    "        and string.match(redis.call('HGET', K_WAITERS, token) or '', "
-                    "'^%S+') == session then",
-                    "if queued then -- MUTANT withdraw-by-token-alone",
-                ),
-                Substitution(
-                    ("withdraw",),
-                    "elseif held[1] == token and (ticket == 0 or tonumber(held[2]) == ticket) "
-                    "and held[3] == session then",
-                    "elseif held[1] == token then -- MUTANT withdraw-by-token-alone",
+                    "local function is_this(its_session, its_ticket, its_call)\n",
+                    "local function is_this(its_session, its_ticket, its_call)\n"
+                    "    do return true end -- MUTANT withdraw-by-token-alone\n",
                 ),
             ),
         ),
@@ -536,9 +548,9 @@ MUTANTS: dict[str, Mutant] = {
             "the hand-off treats every queued waiter as alive",
             lua=(
                 _all(
-                    "local alive_until = session and tonumber(redis.call('ZSCORE', K_ALIVE, "
-                    "session))",
-                    "local alive_until = session and now + tonumber(lease_ms) -- MUTANT",
+                    "local alive_until = waiter and tonumber(redis.call('ZSCORE', K_ALIVE, "
+                    "waiter[1]))",
+                    "local alive_until = waiter and now + waiter[2] -- MUTANT",
                 ),
             ),
         ),

@@ -1899,7 +1899,9 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
     await arena.until(lambda: arena.queued(next_token), "n is queued")
     late = arena.lock(arena.admin)._protocol
     keep_ms = lock_v.settings.keep_ms
-    reply = await late.withdraw(arena.admin, arena.keys, token, first_ticket, session, keep_ms)
+    reply = await late.withdraw(
+        arena.admin, arena.keys, token, first_ticket, session, keep_ms, "late-copy"
+    )
     problems = [] if reply == 0 else [f"a late withdraw of v's first ticket gave {reply}"]
     problems += await arena.served(waiting, token, 10.0)
     problems += await arena.served(nxt, next_token, 10.0)
