@@ -31,7 +31,14 @@ from typing import Any, TypeVar
 import redis
 
 from .clients import LoopClients, at_loop_close
-from .errors import LeaseLost, LockTimeout, LockUsageError, NotReplicated, RedisUnavailable
+from .errors import (
+    LeaseLost,
+    LockError,
+    LockTimeout,
+    LockUsageError,
+    NotReplicated,
+    RedisUnavailable,
+)
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus, Renewal
 from .portal import is_portal_loop, portal
@@ -65,6 +72,14 @@ T = TypeVar("T")
 ATTEMPT_FLOOR_S = 0.5
 """Shortest time, in seconds, one script call of ``acquire`` is given even when
 less of its ``timeout`` is left (so that ``timeout=0`` still tries once)."""
+
+
+def _cancelling() -> bool:
+    """True if the running task has a cancellation pending (Python 3.11+; on 3.10
+    there is no way to know, and False is returned)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling and cancelling())
 
 
 async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
@@ -307,9 +322,17 @@ class FifoLock:
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
         try:
-            return await self._acquire(hub, group, waiter, started, deadline)
+            lease = await self._acquire(hub, group, waiter, started, deadline)
         finally:
             group.leave(token)
+        if _cancelling():
+            # Cancelled while the call that granted it was in flight, and the
+            # cancellation was swallowed on the way (redis-py and asyncio.wait_for
+            # can do that): the caller will not see this lease, so hand it on.
+            with contextlib.suppress(LockError):
+                await asyncio.shield(self.release(lease))
+            raise asyncio.CancelledError
+        return lease
 
     async def _acquire(
         self, hub: Hub, group: WaitGroup, waiter: Waiter, started: float, deadline: float | None
