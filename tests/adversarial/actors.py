@@ -290,7 +290,7 @@ class Actor:
     async def repeat_release(self, lock: FifoLock, lease: Lease) -> None:
         """Release again locally (a no-op), then send the same release to Redis again."""
         await lock.release(lease)
-        twin = Lease(lease.name, lease.token, lease.fence, lease.ticket)
+        twin = Lease(lease.name, lease.token, lease.fence, lease.ticket, call=lease.call)
         try:
             await lock.release(twin)
             outcome = "dup-ok"

@@ -107,11 +107,10 @@ class Request:
         if self.cancel is not None:
             ends.append(self.cancel)
         ends.extend(ns + timeout * 1_000_000 for ns, timeout in self.requests if timeout >= 0)
-        last_request = self.requests[-1][0] if self.requests else 0
-        for ns, reason in self.gave_up:
-            # Unavailable with a retry after it: the request kept its place and waited on.
-            if not reason.startswith("unavailable") or ns >= last_request:
-                ends.append(ns)
+        # Also "unavailable" with a retry after it: the library withdraws a request
+        # whose reply was lost as soon as Redis answers (issue 11), so the retry
+        # keeps the place only if it beats that withdrawal, and may queue anew.
+        ends.extend(ns for ns, _ in self.gave_up)
         return min(ends, default=INF)
 
 
