@@ -412,13 +412,21 @@ class FifoLock:
         """The lease for a grant that a ring with this call's id, or a release of
         this process, brought: no round trip, dated from a moment before Redis
         made the grant (the acquire's send time; the release's). None - then the
-        waiter claims - when there is none, it is for another ticket, less than
-        half of its lease is sure to be left, or ``replicas`` must confirm it."""
+        waiter claims - when there is none, it is for another ticket, the request
+        waited too long for the dating to leave it slack, or ``replicas`` must
+        confirm it."""
         granted, waiter.granted = waiter.granted, None
         if granted is None or self.settings.replicas:
             return None
         grant, dated = granted
-        if grant.ticket != waiter.ticket or time.monotonic() >= dated + grant.pttl_ms / 2000:
+        # Dated from before the grant, the lease looks shorter than it is by the
+        # time the request waited: take it only if that is less than half a
+        # renewal interval, so it has as much slack as any lease at its first
+        # renewal; after longer waits a claim re-arms it in one round trip.
+        waited = time.monotonic() - dated
+        if grant.ticket != waiter.ticket or waited >= min(
+            self.settings.renew_every_s, grant.pttl_ms / 1000
+        ) / 2:
             return None
         return self._start_lease(hub, waiter, grant, dated)
 
@@ -527,7 +535,9 @@ class FifoLock:
         failure = "no reply"  # why the latest renewals failed, for the loss's reason
         capped = False  # the last renewal was cut short by the max-hold deadline
         while True:
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            # Never past the lease's own deadline: a retry pause after a failed
+            # renewal must not let the lease lapse unnoticed (``wait_lost``).
+            await asyncio.sleep(max(0.0, min(next_at, lease.expires_at) - time.monotonic()))
             late = time.monotonic() - next_at
             if late > settings.lease_ms / 3000:
                 log.warning(

@@ -40,6 +40,10 @@ RETRY_PAUSE_S = 0.2
 """Back-off between retries of a call that found Redis unavailable, in seconds."""
 
 
+
+REPEAT_TRIES = 5
+"""How often a repeated release is sent while Redis cannot be reached."""
+
 class RecordingProtocol(Protocol):
     """Delegates to ``inner``; records every reply of the acquire script, and every
     script error (a Lua error, which no input may ever cause) of any script."""
@@ -291,13 +295,20 @@ class Actor:
         """Release again locally (a no-op), then send the same release to Redis again."""
         await lock.release(lease)
         twin = Lease(lease.name, lease.token, lease.fence, lease.ticket, call=lease.call)
-        try:
-            await lock.release(twin)
-            outcome = "dup-ok"
-        except LeaseLost:
-            outcome = "dup-leaselost"
-        except LockError as exc:
-            outcome = f"dup-error:{type(exc).__name__}"
+        for attempt in range(REPEAT_TRIES):
+            try:
+                await lock.release(twin)
+                outcome = "dup-ok"
+            except LeaseLost:
+                outcome = "dup-leaselost"
+            except RedisUnavailable as exc:
+                outcome = f"dup-error:{type(exc).__name__}"
+                if attempt + 1 < REPEAT_TRIES:
+                    await asyncio.sleep(RETRY_PAUSE_S)  # an outage is not the lock's answer
+                    continue
+            except LockError as exc:
+                outcome = f"dup-error:{type(exc).__name__}"
+            break
         self.record.released(twin, outcome)
 
     async def _attempt_with_hold(self, lock: FifoLock, token: str, plan: Plan) -> Lease | None:
