@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -99,10 +99,26 @@ def wants_tls(url: str | None, kwargs: Mapping[str, Any], where: str = "LoopClie
 
     Raises:
         TypeError: an ``ssl_*`` option ``redis.asyncio`` does not take (the
-            message names it).
+            message names it), or an ``ssl`` that is not a bool.
         ValueError: ``ssl=False`` together with ``rediss://`` or ``ssl_*``
-            options, or TLS asked for on a unix socket.
+            options, TLS options in the query of a URL that is not
+            ``rediss://``, or TLS asked for on a unix socket.
     """
+    if "ssl" in kwargs and not isinstance(kwargs["ssl"], bool):
+        raise TypeError(
+            f"{where}: ssl must be True or False, got {type(kwargs['ssl']).__name__}; "
+            "pass ssl=True (or a rediss:// URL) for TLS"
+        )
+    scheme = urlsplit(url).scheme if url is not None else ""
+    in_query = sorted(
+        key for key, _ in parse_qsl(urlsplit(url).query if url else "") if key.startswith("ssl")
+    )
+    if in_query and scheme != "rediss":
+        raise ValueError(
+            f"{where}: TLS options in the query of a {scheme}:// URL ({', '.join(in_query)}) "
+            "would not make the connection use TLS; use a rediss:// URL, or pass ssl=True "
+            "and the ssl_* options as keyword arguments"
+        )
     options = sorted(key for key in kwargs if key.startswith("ssl_"))
     unknown = [key for key in options if key not in SSL_OPTIONS]
     if unknown:
@@ -110,7 +126,6 @@ def wants_tls(url: str | None, kwargs: Mapping[str, Any], where: str = "LoopClie
             f"{where}: redis.asyncio's SSLConnection takes no {', '.join(unknown)} (only "
             f"{', '.join(sorted(SSL_OPTIONS))}); remove it from the lock's connection options"
         )
-    scheme = urlsplit(url).scheme if url is not None else ""
     asked = [f"{scheme}://"] if scheme == "rediss" else []
     asked += options
     if kwargs.get("ssl") is False and asked:

@@ -1,6 +1,6 @@
 """The doorbell: one pub/sub subscription per client, shared by all its waiters.
 
-Every grant made by a script is published as ``"<token> <fence> <ticket> <pttl_ms> <call>"``
+Every grant made by a script is published as ``"<token> <fence> <ticket> <pttl_ms>"``
 on the doorbell channel of the session that waits for it,
 ``fifolock:{<name>}:doorbell:<session>``, so a grant wakes only the process it
 is for, however many processes wait. A process subscribes to the channel of
@@ -281,8 +281,8 @@ class Doorbell:
             if ring is None:
                 return
             try:
-                token, fence, ticket, pttl_ms, *call = _text(message["data"]).split(" ")
-                grant = Grant(int(fence), int(ticket), int(pttl_ms), call[0] if call else "")
+                token, fence, ticket, pttl_ms = _text(message["data"]).split(" ")
+                grant = Grant(int(fence), int(ticket), int(pttl_ms))
             except ValueError:
                 # Not rung by the lock's scripts: ignored (the poll is the truth).
                 log.debug("doorbell: ignored a malformed ring on %s", channel)

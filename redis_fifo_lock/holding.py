@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from .errors import RedisUnavailable
@@ -26,6 +27,11 @@ reach Redis: four tries at most, 1.3 s of pauses in all (plus each try's own
 client timeouts). Only ``RedisUnavailable`` is retried; Redis recognises a
 release it already ran, so a retry after a lost reply is harmless."""
 
+RELEASE_TRY_S = 1.0
+"""Longest wait, in seconds, for one try of a hold's release: a server that does
+not answer (frozen, or behind a dead network path, with no client
+``socket_timeout``) must not keep the caller inside ``hold()``."""
+
 RELEASE_ERROR_ATTRIBUTE = "fifolock_release_error"
 """Name of the attribute set on the exception a hold's block raised when the
 release that followed failed as well; its value is the release's exception."""
@@ -36,16 +42,21 @@ async def release_retrying(lock: FifoLock, lease: Lease) -> None:
     ``RELEASE_RETRY_PAUSES_S``) while Redis cannot be reached, so that a short
     outage does not leave the lock held until ``lease_ms`` runs out.
 
+    Each try waits at most ``RELEASE_TRY_S``; no try starts once the lease's own
+    deadline passed (Redis frees the lock by itself then).
+
     Raises:
-        RedisUnavailable: every try failed; the lease expires by itself within
-            ``lease_ms``.
+        RedisUnavailable: every try failed or went unanswered; the lease expires
+            by itself within ``lease_ms``.
         LeaseLost, LockUsageError: as ``FifoLock.release`` (never retried).
     """
     for pause in RELEASE_RETRY_PAUSES_S:
         try:
-            await lock.release(lease)
+            await _release_once(lock, lease)
             return
         except RedisUnavailable as exc:
+            if time.monotonic() + pause >= lease.expires_at:
+                raise
             log.warning(
                 "FIFO lock %r: releasing lease fence %d failed (%s); trying again in %.1f s",
                 lock.name,
@@ -54,7 +65,19 @@ async def release_retrying(lock: FifoLock, lease: Lease) -> None:
                 pause,
             )
         await asyncio.sleep(pause)
-    await lock.release(lease)
+    await _release_once(lock, lease)
+
+
+async def _release_once(lock: FifoLock, lease: Lease) -> None:
+    try:
+        await asyncio.wait_for(lock.release(lease), RELEASE_TRY_S)
+    except asyncio.TimeoutError:
+        raise RedisUnavailable(
+            lock.name,
+            f"releasing lease fence {lease.fence} got no reply within {RELEASE_TRY_S:g} s; "
+            "the lease expires by itself within lease_ms. Give the client a "
+            "socket_timeout to bound every call",
+        ) from None
 
 
 def attach_release_error(error: BaseException, failure: Exception, name: str) -> None:

@@ -77,9 +77,12 @@ less of its ``timeout`` is left (so that ``timeout=0`` still tries once)."""
 def _cancelling() -> bool:
     """True if the running task has a cancellation pending (Python 3.11+; on 3.10
     there is no way to know, and False is returned)."""
+    if sys.version_info < (3, 11):
+        # Not asyncio's own count there: backports (as pytest-asyncio installs)
+        # may give tasks a cancelling() of their own that does not mean this.
+        return False
     task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return bool(cancelling and cancelling())
+    return task is not None and task.cancelling() > 0
 
 
 async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
@@ -409,20 +412,19 @@ class FifoLock:
         return None
 
     def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:
-        """The lease for a grant that a ring with this call's id, or a release of
-        this process, brought: no round trip, dated from a moment before Redis
-        made the grant (the acquire's send time; the release's). None - then the
-        waiter claims - when there is none, it is for another ticket, the request
-        waited too long for the dating to leave it slack, or ``replicas`` must
-        confirm it."""
+        """The lease for a grant that a release of this process handed over in its
+        reply: no round trip, dated from when that release was sent (before Redis
+        made the grant). None - then the waiter claims - when there is none, it
+        is for another ticket, the dating leaves it too little slack, or
+        ``replicas`` must confirm it."""
         granted, waiter.granted = waiter.granted, None
         if granted is None or self.settings.replicas:
             return None
         grant, dated = granted
         # Dated from before the grant, the lease looks shorter than it is by the
-        # time the request waited: take it only if that is less than half a
-        # renewal interval, so it has as much slack as any lease at its first
-        # renewal; after longer waits a claim re-arms it in one round trip.
+        # time since: take it only if that is under half a renewal interval, so
+        # it has as much slack as any lease at its first renewal; else a claim
+        # re-arms it in one round trip.
         waited = time.monotonic() - dated
         if grant.ticket != waiter.ticket or waited >= min(
             self.settings.renew_every_s, grant.pttl_ms / 1000

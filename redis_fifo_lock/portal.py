@@ -8,7 +8,6 @@ whose own event loop closes before it is released (as after an
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import os
 import threading
@@ -61,9 +60,11 @@ class Portal:
         If this thread is interrupted while waiting (KeyboardInterrupt, a signal
         handler raising, Celery's soft time limit), the coroutine is cancelled
         and given up to ``CANCEL_GRACE_S`` seconds to clean up (withdraw from
-        the queue) first. If it had already finished, its result never reaches
-        the caller, so ``undo(result)`` runs instead (e.g. releasing a lease
-        that was granted just as the caller was interrupted).
+        the queue) first. If it finishes with a result anyway (it had finished
+        already, or its cancellation was swallowed and it ran on), that result
+        never reaches the caller, so ``undo(result)`` runs instead, however late
+        (e.g. releasing a lease that was granted just as the caller was
+        interrupted).
 
         Raises:
             LockUsageError: when called from the portal thread itself.
@@ -82,6 +83,7 @@ class Portal:
         # handler's exception without corrupting its state.
         finished = threading.Lock()
         finished.acquire()
+        undone = threading.Event()
         started: list[asyncio.Task[T]] = []
         abandoned = False
 
@@ -92,13 +94,25 @@ class Portal:
             task.add_done_callback(lambda _: finished.release())
             started.append(task)
 
+        def give_back(task: asyncio.Task[T]) -> None:
+            # Whenever the abandoned task ends - also long after its cancellation
+            # was swallowed (Python 3.10's wait_for can do that) - a result that
+            # never reaches the caller is undone (a late grant is released).
+            if undo is None or task.cancelled() or task.exception() is not None:
+                undone.set()
+                return
+            undoing = contextvars.Context().run(self.loop.create_task, undo(task.result()))
+            undoing.add_done_callback(lambda _: undone.set())
+
         def abandon() -> None:
             nonlocal abandoned
             abandoned = True
-            if started:
-                started[0].cancel()
-            else:
+            if not started:
                 finished.release()  # interrupted before the task began: nothing to wait for
+                undone.set()
+                return
+            started[0].add_done_callback(give_back)
+            started[0].cancel()
 
         try:
             self.call_soon(start)
@@ -108,14 +122,7 @@ class Portal:
             self.call_soon(abandon)
             if not (started and started[0].done()):
                 finished.acquire(timeout=CANCEL_GRACE_S)
-            task = started[0] if started else None
-            succeeded = task is not None and task.done() and not task.cancelled()
-            if undo is not None and task is not None and succeeded and task.exception() is None:
-                # Scheduled from an empty context, so that its task copies that one.
-                undone = contextvars.Context().run(
-                    asyncio.run_coroutine_threadsafe, undo(task.result()), self.loop
-                )
-                concurrent.futures.wait([undone], timeout=CANCEL_GRACE_S)
+            undone.wait(timeout=CANCEL_GRACE_S)
             raise
         return started[0].result()
 

@@ -68,10 +68,10 @@ class Waiter:
         call: the id (str) of the acquire call waiting, unique per call.
         ticket: its ticket (int) once the acquire script replied, else None.
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
-        sent_at: when its latest acquire script call was sent (monotonic s).
-        granted: a grant rung with this call's id, or handed over by a release
-            of this process, with the moment (monotonic s) its lease may be
-            dated from: a moment before Redis made the grant. None otherwise.
+        granted: a grant handed over by a release of this process (the reply to
+            that release), with the moment (monotonic s) its lease may be dated
+            from: when the release was sent, before Redis made the grant. None
+            otherwise.
     """
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -79,7 +79,6 @@ class Waiter:
         self.call = secrets.token_hex(8)
         self.ticket: int | None = None
         self.queued_at: float | None = None
-        self.sent_at = 0.0
         self.granted: tuple[Grant, float] | None = None
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
@@ -88,8 +87,7 @@ class Waiter:
         """An acquire script call for this request is about to be sent: its ticket
         is unknown until it replies. Returns the send time (monotonic s)."""
         self.ticket = self.queued_at = None
-        self.sent_at = time.monotonic()
-        return self.sent_at
+        return time.monotonic()
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
@@ -170,10 +168,7 @@ class WaitGroup:
     def ring(self, token: str, grant: Grant) -> None:
         """A grant was rung on this group's doorbell: a hint, never proof.
 
-        A waiter of ``token`` is woken to claim it; a ring that carries its call
-        id (a script sent it) is kept, for the waiter to take without claiming
-        while the lease dated from its acquire's send time has life enough. A
-        ring for a request nobody
+        A waiter of ``token`` is woken to claim it. A ring for a request nobody
         here waits for or holds (one this process gave up, or a late copy of a
         finished one) is given back at once, so the lock does not stall; the
         withdraw script touches only this session's request of that ticket, so
@@ -181,8 +176,6 @@ class WaitGroup:
         """
         waiter = self.waiters.get(token)
         if waiter is not None:
-            if grant.call and grant.call == waiter.call:
-                waiter.granted = (grant, waiter.sent_at)
             waiter.hint()
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
             self.hub.withdraw(self, token, grant.ticket, "-")

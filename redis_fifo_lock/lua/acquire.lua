@@ -14,38 +14,52 @@
 --         unclaimed, or its session was presumed dead) and joins again at the
 --         back; 0 for a first (or re-sent) acquire
 -- ARGV[9] call: id of the acquire call sending this (unique per call); a call
---         that finds its token queued or granted adopts that request
+--         that finds its token queued or granted takes that request over, and
+--         the call it replaces counts as ended
 --
 -- Returns:
 --   {1, fence, ticket, pttl_ms}  granted (now, or already: a re-sent acquire
 --                                returns the same grant and never grants twice)
 --   {0, ticket, holder_fence}    queued; the ticket is kept across re-sends;
 --                                holder_fence is the current holder's fence
---   {-1, how}                    refused: this call's request already ended (how
---                                is an ENDED_* code): a late copy of its acquire
---                                changes nothing
+--   {-1, how}                    refused: this call's request already ended, or
+--                                was taken over by a later call (how is an
+--                                ENDED_* code): a late copy changes nothing
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep_ms, requeue, call = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9]
 local now, now_us = clock()
 
-local held = current_grant()
-if held and held[1] == token then
-    redis.call('HSET', K_LEASE, 'call', call)
-    redis.call('HSET', K_COUNTERS, 'holder_call', call)
-    return {1, held[2], held[3], held[4]}
+-- A call whose request ended, or was taken over by a later call of the same
+-- token: a late copy of it changes nothing. Only a request that lost its place
+-- without giving it up may come back (requeue).
+local how = ended(token, call)
+if how and not (requeue and (how == ENDED_LOST or how == ENDED_DROPPED)) then
+    return {-1, how}
+end
+if how then
+    redis.call('ZREM', K_FINISHED, token .. ' ' .. call)
+end
+
+-- A retry of the token (a new call) takes its request over; the call it
+-- replaces is recorded as ended, so that nothing it sent late acts again.
+local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'ticket', 'call')
+if held[1] == token then
+    if held[4] ~= call then
+        finish(token, held[4] or '-', ENDED_WITHDRAWN, now, keep_ms)
+        redis.call('HSET', K_LEASE, 'call', call)
+        redis.call('HSET', K_COUNTERS, 'holder_call', call)
+    end
+    return {1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE)}
 end
 
 local ticket = tonumber(redis.call('ZSCORE', K_QUEUE, token))
-if not ticket then
-    local how = ended(token, call)
-    -- Only a request that lost its place without giving it up may come back.
-    if how and not (requeue and (how == ENDED_LOST or how == ENDED_DROPPED)) then
-        return {-1, how}
+if ticket then
+    local waiter = waiter_of(token)
+    if waiter and waiter[4] ~= call then
+        finish(token, waiter[4], ENDED_WITHDRAWN, now, keep_ms)
     end
-    if how then
-        redis.call('ZREM', K_FINISHED, token .. ' ' .. call)
-    end
+else
     ticket = next_number('ticket', now_us)
     redis.call('ZADD', K_QUEUE, int(ticket), token)
 end

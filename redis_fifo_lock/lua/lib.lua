@@ -105,13 +105,10 @@ end
 -- waiter that died a moment ago stalls the lock no longer than its liveness; the
 -- waiter re-arms it to lease_ms when it claims the grant.
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
--- with "<token> <fence> <ticket> <pttl_ms> <call>". The call id is known only to
--- the waiting process (and to whoever can read the keys), so a ring that carries
--- it was sent by a script: the waiter may date its lease from when it sent its
--- acquire, an instant before the grant. A ring without it is a hint to claim.
--- No ring when the grant goes to `caller_token` (the request the running script
--- acts for) or to `caller_session` (the process running it): they learn of it
--- from the reply. The ring is a pcall: a PUBLISH that the server refuses (an ACL
+-- with "<token> <fence> <ticket> <pttl_ms>": a hint to claim, never proof of a
+-- grant (anyone allowed to PUBLISH there could send one). No ring when the
+-- grant goes to `caller_token` (the request the running script acts for) or to
+-- `caller_session` (the process running it): they learn of it from the reply. The ring is a pcall: a PUBLISH that the server refuses (an ACL
 -- without the channel) must not fail the script after its writes; the waiter
 -- then finds its grant by polling.
 -- Returns the new grant as {token, fence, ticket, pttl_ms, call, session}, or nil.
@@ -144,8 +141,8 @@ local function grant_next(now, now_us, doorbell, keep_ms, caller_token, caller_s
             redis.call('PEXPIRE', K_LEASE, ttl)
             redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then
-                redis.pcall('PUBLISH', doorbell .. ':' .. session, token .. ' ' .. int(fence)
-                    .. ' ' .. int(ticket) .. ' ' .. int(ttl) .. ' ' .. call)
+                redis.pcall('PUBLISH', doorbell .. ':' .. session,
+                    token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl))
             end
             return {token, fence, ticket, ttl, call, session}
         end
