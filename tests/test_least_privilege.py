@@ -307,6 +307,7 @@ async def test_replicas_need_wait(fresh_redis_server: PrivateRedisFactory) -> No
             "the replica is in sync",
         )
     admin = Redis(host=master.host, port=master.port, decode_responses=True)
+    admin.set("fifolock-test:replica-ready", 1)  # WAIT counts only after a real ack
     until_sync(lambda: int(admin.wait(1, 100)) == 1, "the master counts its replica")
     server = Server(master, admin, (7, 0))
     url = server.user(acl_rules(replicas=True, config=True))

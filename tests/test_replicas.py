@@ -8,7 +8,6 @@ replica, both real servers; what it buys across a Sentinel failover is in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +20,6 @@ from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import (
     FifoLock,
-    Lease,
     LeaseLost,
     LockSettings,
     LockUsageError,
@@ -65,21 +63,13 @@ async def pair(fresh_redis_server: PrivateRedisFactory) -> AsyncIterator[Pair]:
         )
     with SyncRedis.from_url(master.url) as sync:
         # The master counts the replica for WAIT only once it has acknowledged.
+        sync.set("fifolock-test:replica-ready", 1)  # WAIT counts only after a real ack
         until_sync(lambda: int(sync.wait(1, 100)) == 1, "the master counts its replica")
     client = Redis.from_url(master.url)
     try:
         yield Pair(master, replica, client)
     finally:
         await client.aclose()
-
-
-async def acquire_acknowledged(lock: FifoLock, tries: int = 5) -> Lease:
-    """``lock.acquire()``, tried again when the replica, fresh from its first sync,
-    was slow to acknowledge the grant (what these tests attack is the renewals)."""
-    for _ in range(tries - 1):
-        with contextlib.suppress(NotReplicated):
-            return await lock.acquire(timeout=5)
-    return await lock.acquire(timeout=5)
 
 
 def test_the_setting_is_validated_with_its_name_and_unit() -> None:
@@ -151,7 +141,7 @@ async def test_acknowledged_grants_and_renewals_keep_the_lock_past_many_leases(
     lock = FifoLock(
         pair.client, "acked", lease_ms=900, poll_ms=300, replicas=1, replica_wait_ms=300
     )
-    lease = await acquire_acknowledged(lock)
+    lease = await lock.acquire(timeout=5)
     await asyncio.sleep(2.7)  # three leases, kept by acknowledged renewals
     assert not lease.lost
     replica = Redis.from_url(pair.replica.url)
@@ -171,7 +161,7 @@ async def test_a_renewal_no_replica_acknowledged_counts_as_failed_and_the_lease_
     lock = FifoLock(
         pair.client, "unacked", lease_ms=1500, poll_ms=500, replicas=1, replica_wait_ms=300
     )
-    lease = await acquire_acknowledged(lock)
+    lease = await lock.acquire(timeout=5)
     await asyncio.to_thread(pair.detach_replica)
     detached = time.monotonic()
     await asyncio.wait_for(lease.wait_lost(), 5)
@@ -198,10 +188,8 @@ async def test_hold_raises_on_exit_when_the_lease_was_lost_though_the_master_kep
             await asyncio.wait_for(lease.wait_lost(), 5)
             assert await pair.client.exists(lock.keys.key("lease"))
 
-    for _ in range(5):  # the fresh replica may be slow to acknowledge the grant itself
-        with contextlib.suppress(NotReplicated), pytest.raises(LeaseLost):
-            await hold_until_lost()
-            break
+    with pytest.raises(LeaseLost):
+        await hold_until_lost()
 
 
 async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_raises(
@@ -209,7 +197,7 @@ async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_rais
 ) -> None:
     settings = {"lease_ms": 3000, "poll_ms": 500, "replicas": 1, "replica_wait_ms": 500}
     first = FifoLock(pair.client, "handoff", **settings)
-    lease = await acquire_acknowledged(first)
+    lease = await first.acquire(timeout=5)
     second_client = Redis.from_url(pair.master.url)
     try:
         second = FifoLock(second_client, "handoff", **settings)
