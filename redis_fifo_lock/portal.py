@@ -78,12 +78,14 @@ class Portal:
         # The task is created and watched on the loop (not through a
         # concurrent future, whose cancel() would drop a result that lands at
         # the same moment), so an interrupted caller can see how it ended.
-        # A bare lock, released when the task ends: unlike threading.Event (a
-        # Condition underneath), acquiring it can be interrupted by a signal
-        # handler's exception without corrupting its state.
+        # Bare locks, released when the task ends (and when an abandoned one was
+        # undone): unlike threading.Event (a Condition underneath), acquiring
+        # one can be interrupted by a signal handler's exception without
+        # corrupting its state - a corrupted Event hung the portal thread.
         finished = threading.Lock()
         finished.acquire()
-        undone = threading.Event()
+        undone = threading.Lock()  # released once the abandoned task is dealt with
+        undone.acquire()
         started: list[asyncio.Task[T]] = []
         abandoned = False
 
@@ -99,17 +101,17 @@ class Portal:
             # was swallowed (Python 3.10's wait_for can do that) - a result that
             # never reaches the caller is undone (a late grant is released).
             if undo is None or task.cancelled() or task.exception() is not None:
-                undone.set()
+                undone.release()
                 return
             undoing = contextvars.Context().run(self.loop.create_task, undo(task.result()))
-            undoing.add_done_callback(lambda _: undone.set())
+            undoing.add_done_callback(lambda _: undone.release())
 
         def abandon() -> None:
             nonlocal abandoned
             abandoned = True
             if not started:
                 finished.release()  # interrupted before the task began: nothing to wait for
-                undone.set()
+                undone.release()
                 return
             started[0].add_done_callback(give_back)
             started[0].cancel()
@@ -122,7 +124,7 @@ class Portal:
             self.call_soon(abandon)
             if not (started and started[0].done()):
                 finished.acquire(timeout=CANCEL_GRACE_S)
-            undone.wait(timeout=CANCEL_GRACE_S)
+            undone.acquire(timeout=CANCEL_GRACE_S)
             raise
         return started[0].result()
 

@@ -20,6 +20,7 @@ test still fails for 1-2 of 20 seeds (open; run it there with
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -35,6 +36,11 @@ class Interrupted(Exception):
     pass
 
 
+@pytest.mark.skipif(
+    not os.environ.get("FIFOLOCK_SIGNAL_TESTS"),
+    reason="its SIGALRM handler displaces pytest-timeout's, so a hang here would hang the "
+    "whole run; set FIFOLOCK_SIGNAL_TESTS=1 to run it",
+)
 @pytest.mark.xfail(
     strict=False,
     reason="open: now and then (1-2 of 20 seeds, 3.10 more than 3.11) an interrupted "
