@@ -27,7 +27,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
@@ -425,7 +425,7 @@ class Hub:
             del self._withdrawals[key]
             pending.done.cancel()
             return
-        await asyncio.wait({pending.done})
+        await asyncio.wait({pending.done}, timeout=WITHDRAW_TRY_S)
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
@@ -458,7 +458,32 @@ class Hub:
                     ),
                     WITHDRAW_TRY_S,
                 )
-        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+        except RedisUnavailable as exc:
+            withdrawal.sending = False
+            if isinstance(exc.cause, NoPermissionError):
+                # Refused, not unreachable (an ACL without a command the script
+                # needs): trying again cannot help; the request is skipped once
+                # this process stops polling, or its grant expires unclaimed.
+                log.warning(
+                    "FIFO lock %r: Redis refused to withdraw request %s (%s); it is left "
+                    "to expire",
+                    group.keys.name,
+                    withdrawal.token,
+                    exc.cause,
+                )
+                return True
+            withdrawal.failures += 1
+            log.log(
+                logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
+                "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "
+                "until Redis answers",
+                group.keys.name,
+                withdrawal.token,
+                exc.cause or exc.message,
+                RETRY_AFTER_ERROR_S,
+            )
+            return False
+        except asyncio.TimeoutError:
             withdrawal.sending = False
             withdrawal.failures += 1
             log.log(
@@ -467,7 +492,7 @@ class Hub:
                 "until Redis answers",
                 group.keys.name,
                 withdrawal.token,
-                getattr(exc, "cause", None) or "no reply",
+                "no reply",
                 RETRY_AFTER_ERROR_S,
             )
             return False
