@@ -584,10 +584,11 @@ class FifoLock:
             next_at = sent + min(interval, pttl_ms / 2000)
 
     async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
-        async with hub.urgent:
-            return await self._protocol.renew(
-                hub.client, self.keys, lease.token, lease.fence, self.settings
-            )
+        """One renewal of ``lease``, in ``hub``'s urgent lane: (outcome, the
+        lease's new time to live in ms)."""
+        return await hub.run(
+            hub.urgent, self._protocol.renew, self.keys, lease.token, lease.fence, self.settings
+        )
 
     def _lose(self, lease: Lease, reason: str) -> None:
         if lease.releasing:
@@ -641,18 +642,21 @@ class FifoLock:
         # else: the loop that acquired the lease is closed (as after an
         # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
+
+        async def send(client: AsyncClient) -> tuple[float, tuple[int, tuple[str, Grant] | None]]:
+            sent = time.monotonic()  # once in the lane: a handed-over grant is dated from it
+            return sent, await self._protocol.release(
+                client,
+                self.keys,
+                lease.token,
+                lease.fence,
+                self.settings.keep_ms,
+                lease.call,
+                hub.session_for(self.settings),
+            )
+
         try:
-            async with hub.urgent:
-                sent = time.monotonic()
-                outcome, handover = await self._protocol.release(
-                    hub.client,
-                    self.keys,
-                    lease.token,
-                    lease.fence,
-                    self.settings.keep_ms,
-                    lease.call,
-                    hub.session_for(self.settings),
-                )
+            sent, (outcome, handover) = await hub.run(hub.urgent, send)
         except BaseException:
             lease.releasing = False
             raise
@@ -690,8 +694,7 @@ class FifoLock:
             RedisUnavailable: when Redis could not be reached.
         """
         hub = hub_for(self.client)
-        async with hub.calls:
-            reply = await self._protocol.status(hub.client, self.keys)
+        reply = await hub.run(hub.calls, self._protocol.status, self.keys)
         grant = reply.grant
         return LockStatus(
             name=self.name,

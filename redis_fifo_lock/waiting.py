@@ -24,14 +24,15 @@ import logging
 import secrets
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
-from .eviction import check_eviction_policy
+from .eviction import check_eviction_policy, eviction_policies
 from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from .lease import Lease
 
 log = logging.getLogger("redis_fifo_lock")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 MAX_CONCURRENT_CALLS = 2
 """Enqueues, claims, polls, withdrawals and status calls one hub runs at once."""
@@ -184,23 +188,22 @@ class WaitGroup:
         self, waiter: Waiter, *, requeue: bool = False
     ) -> tuple[Grant | None, int, int]:
         """Run the acquire script for ``waiter``: (grant or None, ticket, holder fence)."""
-        async with self.hub.calls:
-            return await self.protocol.acquire(
-                self.hub.client,
-                self.keys,
-                waiter.token,
-                self.session,
-                self.settings,
-                call=waiter.call,
-                requeue=requeue,
-            )
+        return await self.hub.run(
+            self.hub.calls,
+            self.protocol.acquire,
+            self.keys,
+            waiter.token,
+            self.session,
+            self.settings,
+            call=waiter.call,
+            requeue=requeue,
+        )
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
         """Run the claim script for request (token, ticket)."""
-        async with self.hub.calls:
-            return await self.protocol.claim(
-                self.hub.client, self.keys, token, ticket, self.settings
-            )
+        return await self.hub.run(
+            self.hub.calls, self.protocol.claim, self.keys, token, ticket, self.settings
+        )
 
     async def _poll_loop(self) -> None:
         watching = await self._watch()
@@ -255,10 +258,9 @@ class WaitGroup:
         """One poll; returns seconds until the next one."""
         sent = time.monotonic()
         try:
-            async with self.hub.calls:
-                reply = await self.protocol.poll(
-                    self.hub.client, self.keys, self.session, self.settings
-                )
+            reply = await self.hub.run(
+                self.hub.calls, self.protocol.poll, self.keys, self.session, self.settings
+            )
         except RedisUnavailable as exc:
             log.warning("FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause)
             # Never longer than a poll interval: the session's liveness (one
@@ -444,20 +446,24 @@ class Hub:
         if self._withdrawals.get((group.keys, withdrawal.token)) is not withdrawal:
             return True  # taken over by a retry of the same token meanwhile
         withdrawal.sending = True
+
+        async def send(client: AsyncClient) -> int:
+            # Bounded once it has a slot: waiting for one is not a failure.
+            return await asyncio.wait_for(
+                group.protocol.withdraw(
+                    client,
+                    group.keys,
+                    withdrawal.token,
+                    withdrawal.ticket,
+                    group.session,
+                    group.settings.keep_ms,
+                    withdrawal.call,
+                ),
+                WITHDRAW_TRY_S,
+            )
+
         try:
-            async with self.calls:
-                outcome = await asyncio.wait_for(
-                    group.protocol.withdraw(
-                        self.client,
-                        group.keys,
-                        withdrawal.token,
-                        withdrawal.ticket,
-                        group.session,
-                        group.settings.keep_ms,
-                        withdrawal.call,
-                    ),
-                    WITHDRAW_TRY_S,
-                )
+            outcome = await self.run(self.calls, send)
         except RedisUnavailable as exc:
             withdrawal.sending = False
             if isinstance(exc.cause, NoPermissionError):
@@ -500,10 +506,25 @@ class Hub:
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
 
+    async def run(
+        self,
+        lane: asyncio.Semaphore,
+        script: Callable[Concatenate[AsyncClient, P], Awaitable[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Take a slot of ``lane`` (``calls`` or ``urgent``), then run
+        ``script(client, *args, **kwargs)`` - a ``Protocol`` call - on this hub's
+        client, and return its reply. Raises what ``script`` raises."""
+        async with lane:
+            return await script(self.client, *args, **kwargs)
+
     async def check_eviction_policy(self, name: str) -> None:
         """Warn (naming lock ``name``) if the server may evict keys: see
         ``redis_fifo_lock.eviction.check_eviction_policy``."""
-        await check_eviction_policy(self.client, name, self.calls)
+        await check_eviction_policy(
+            self.client, name, lambda: self.run(self.calls, eviction_policies)
+        )
 
 
 _hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
