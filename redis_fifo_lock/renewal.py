@@ -14,11 +14,10 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from typing import TYPE_CHECKING
 
-from .clients import at_loop_close
 from .errors import RedisUnavailable
+from .loops import loop_context
 from .portal import is_portal_loop, portal
 from .protocol import RENEWED
 from .waiting import Hub, hub_for
@@ -73,7 +72,7 @@ class Renewal:
         self._stopped = False
         self._timer = self.loop.call_later(max(0.0, first_at - time.monotonic()), self._fire)
         if lock.clients is not None and not is_portal_loop(self.loop):
-            _hand_over_at_close(self.loop, self)
+            loop_context().renewals.add(self)
 
     def _fire(self) -> None:
         if not self._stopped:
@@ -194,23 +193,3 @@ async def end_renewal(task: asyncio.Task[None]) -> None:
     while not task.done() and loop.time() < deadline:
         task.cancel()
         await asyncio.wait({task}, timeout=RENEWAL_END_RECHECK_S)
-
-
-_held_on: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Renewal]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Per loop, the renewals that move to the portal when it closes."""
-
-
-def _hand_over_at_close(loop: asyncio.AbstractEventLoop, renewal: Renewal) -> None:
-    renewals = _held_on.get(loop)
-    if renewals is None:
-        renewals = _held_on[loop] = weakref.WeakSet()
-        at_loop_close(loop, lambda: _hand_over_all(loop))
-    renewals.add(renewal)
-
-
-async def _hand_over_all(loop: asyncio.AbstractEventLoop) -> None:
-    renewals = _held_on.pop(loop, None)
-    if renewals is not None:
-        await asyncio.gather(*(renewal.hand_over() for renewal in list(renewals)))

@@ -33,6 +33,7 @@ from redis.exceptions import NoPermissionError, RedisClusterException, RedisErro
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
+from .loops import loop_context
 from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
@@ -304,9 +305,9 @@ class _Withdrawal:
 class Hub:
     """Per-client (and so per event loop and process) state shared by all locks.
 
-    Holds its client weakly: the hub is stored in a WeakKeyDictionary keyed by
-    the client, and a strong reference back would keep every client (and its
-    event loop) alive forever, one per ``asyncio.run`` or ``async_to_sync``.
+    Holds its client weakly: the hub is stored in its loop's ``LoopContext``,
+    keyed weakly by the client, and a strong reference back would keep every
+    client alive as long as its loop, however long the loop runs.
 
     Attributes:
         session: this hub's liveness session id (str), the stem of its wait
@@ -527,12 +528,11 @@ class Hub:
         )
 
 
-_hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
-
-
 def hub_for(client: AsyncClient) -> Hub:
-    """The hub of ``client`` on the running event loop."""
-    hub = _hubs.get(client)
-    if hub is None or hub.loop is not asyncio.get_running_loop():
-        hub = _hubs[client] = Hub(client)
+    """The hub of ``client`` on the running event loop, kept in the loop's
+    ``LoopContext`` and created on first use."""
+    hubs = loop_context().hubs
+    hub = hubs.get(client)
+    if hub is None:
+        hub = hubs[client] = Hub(client)
     return hub
