@@ -22,6 +22,10 @@ class Lease:
     Ownership travels with this object: only the holder of the ``Lease`` can
     release or renew the grant, never another task that shares the lock object.
 
+    Its state (``expires_at``, ``lost``, ``releasing``, ``released``) changes
+    only through its own methods, which the lock and the renewal
+    (``redis_fifo_lock.renewal``) call; the holder reads it.
+
     Attributes:
         name: the lock name (str).
         token: the request token (str) this grant answered.
@@ -88,7 +92,7 @@ class Lease:
             self.mark_lost("its lease ran out before it was renewed or released")
         return self.lost_reason is not None
 
-    # --- transitions, driven by the lock and the renewal ------------------------
+    # --- transitions: for the lock and the renewal, not for the holder ---------
 
     def renewing(self, renewal: Renewal) -> None:
         """``renewal`` keeps the lease alive from now on (on its loop)."""
