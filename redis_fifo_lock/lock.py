@@ -370,11 +370,15 @@ class FifoLock:
             if not requeue:
                 await hub.reclaim(self.keys, waiter.token)
                 await hub.check_eviction_policy(self.name)
-            return await group.enqueue(waiter, requeue=requeue)
+            return await group.enqueue(waiter)
 
+        # A new call each time the request joins the queue, so that a late copy
+        # of the call that lost its place cannot bring it back later.
+        waiter.call = hub.call_ids.new(group.session)
         sent = waiter.sending()
         try:
-            grant, ticket, holder_fence = await _within(send(), deadline)
+            with hub.call_ids.in_flight(self.keys, waiter.call):
+                grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
             await self._give_up(hub, group, waiter)
@@ -493,7 +497,10 @@ class FifoLock:
         """One renewal of ``lease`` (see ``redis_fifo_lock.renewal``), in ``hub``'s
         urgent lane: (outcome, the lease's new time to live in ms)."""
         return await hub.run(
-            hub.urgent, self._protocol.renew, self.keys, lease.token, lease.fence, self.settings
+            hub.urgent,
+            lambda client: self._protocol.renew(
+                client, self.keys, lease.token, lease.fence, self.settings
+            ),
         )
 
     async def release(self, lease: Lease) -> None:
@@ -530,6 +537,7 @@ class FifoLock:
         # release, so it can neither revive the lease nor mark it lost.
         stopped = lease.begin_release()
         hub = hub_for(self.client)
+        session = hub.session_for(self.settings)
 
         async def send(client: AsyncClient) -> tuple[float, tuple[int, tuple[str, Grant] | None]]:
             sent = time.monotonic()  # once in the lane: a handed-over grant is dated from it
@@ -540,11 +548,13 @@ class FifoLock:
                 lease.fence,
                 self.settings.keep_ms,
                 lease.call,
-                hub.session_for(self.settings),
+                session,
+                hub.call_ids.floor(self.keys, session),
             )
 
         try:
-            sent, (outcome, handover) = await hub.run(hub.urgent, send)
+            with hub.call_ids.in_flight(self.keys, lease.call):
+                sent, (outcome, handover) = await hub.run(hub.urgent, send)
         except BaseException:
             lease.release_failed()
             raise
@@ -582,7 +592,7 @@ class FifoLock:
             RedisUnavailable: when Redis could not be reached.
         """
         hub = hub_for(self.client)
-        reply = await hub.run(hub.calls, self._protocol.status, self.keys)
+        reply = await hub.run(hub.calls, lambda client: self._protocol.status(client, self.keys))
         grant = reply.grant
         return LockStatus(
             name=self.name,
