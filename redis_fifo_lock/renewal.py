@@ -52,8 +52,7 @@ class Renewal:
 
     A timer costs a fraction of a task, and most holds end before their first
     renewal (a third of ``lease_ms``), so a grant and its release create no task
-    at all. Created on the loop that renews (the running one); used on that
-    loop's thread, except ``stop()``.
+    at all. Created on the loop that renews (the running one).
 
     Args:
         lock: the ``FifoLock`` that granted the lease.
@@ -78,35 +77,31 @@ class Renewal:
         if not self._stopped:
             self._task = self.loop.create_task(self._run())
 
-    def cancel(self) -> asyncio.Task[None] | None:
-        """Stop renewing, on the renewing loop's thread: no renewal starts from
-        now on, and a running one is cancelled (its reply, if any, is ignored).
-        Returns the cancelled task, if one ran, for the caller to await."""
+    def stop(self) -> asyncio.Task[None] | None:
+        """Stop renewing, from a coroutine or callback on any loop: no renewal
+        starts from now on, and a running one is cancelled (its reply, if any,
+        is ignored). On the renewing loop, returns the cancelled task, if one
+        ran, for the caller to await. From another loop, the renewing loop
+        stops it soon and None is returned (a renewal cut off then never reads
+        its reply, and Redis refuses a renewal that runs after the release); a
+        closed renewing loop (an ``async_to_sync`` call's) renews nothing."""
+        if self.loop is not asyncio.get_running_loop():
+            if not self.loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
+                    self.loop.call_soon_threadsafe(self.stop)
+            return None
         self._stopped = True
         self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
         return self._task
 
-    def stop(self) -> asyncio.Task[None] | None:
-        """Stop renewing, from a coroutine on any loop. On the renewing loop, as
-        ``cancel()``. On another, the renewing loop cancels soon, and None is
-        returned: a renewal cut off then never reads its reply, and Redis refuses
-        a renewal that runs after the release. A closed renewing loop (an
-        ``async_to_sync`` call's) renews nothing any more."""
-        if self.loop is asyncio.get_running_loop():
-            return self.cancel()
-        if not self.loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
-                self.loop.call_soon_threadsafe(self.cancel)
-        return None
-
     async def hand_over(self) -> None:
         """The renewing loop is closing: renew the lease on the portal loop from now on."""
         lease = self.lease
         if self._stopped or lease.released or lease.lost:
             return
-        running = self.cancel()
+        running = self.stop()
         if running is not None:
             await asyncio.gather(running, return_exceptions=True)
         portal().call_soon(self._resume_on_portal)
