@@ -106,9 +106,10 @@ class Lease:
 
     def lose(self, reason: str) -> bool:
         """A renewal found the lease gone (``reason``, str): mark it lost, unless
-        its release has started - a renewal that ran on after it (a swallowed
-        cancellation, or one on another loop) is refused by Redis, which says
-        nothing about the lease. Returns whether it was marked lost."""
+        its release has started - a renewal that ran on after it (its
+        cancellation swallowed by Python 3.10/3.11's ``wait_for``, bpo-42130, or
+        one on another loop) is refused by Redis, which says nothing about the
+        lease. Returns whether it was marked lost."""
         if self._releasing:
             return False
         self.mark_lost(reason)
