@@ -1,15 +1,15 @@
-"""What ``fifolock_celery`` does in a worker besides locking: checks and fork hygiene.
+"""What ``fifolock_celery`` does in a worker besides locking: its start checks.
 
-Both receivers are connected when ``fifolock_celery`` is imported, which every
+The receiver is connected when ``fifolock_celery`` is imported, which every
 module defining a locked task does, and a worker imports its task modules
 before it starts. Nothing needs installing.
 
 - ``celeryd_after_setup`` (the worker's main process, once its logging is set
   up): ``start_warnings(app)`` is logged, one WARNING per problem, on the
   ``fifolock_celery`` logger.
-- ``worker_process_init`` (each prefork child): the child drops the
-  ``LoopClients`` registry it inherited, so its clients are built in the child
-  (an ``os.register_at_fork`` hook does the same for every fork).
+
+A prefork child never uses its parent's connections: the core's
+``LoopClients`` key their clients by process id.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery, Task
-from celery.signals import celeryd_after_setup, worker_process_init
+from celery.signals import celeryd_after_setup
 
 from redis_fifo_lock import LockUsageError
 
-from .clients import forget_all
 from .decorator import LockSpec
-from .settings import LockConfig
 
 log = logging.getLogger("fifolock_celery")
 
@@ -102,7 +100,7 @@ def start_warnings(app: Celery) -> list[str]:
         if spec is None:
             continue
         try:
-            config = LockConfig.from_app(app, spec.name.template, **spec.lock_options())
+            config = spec.config(app, spec.name.template)
         except (LockUsageError, ValueError) as exc:
             messages.append(f"task {name}: every execution will fail: {exc}")
             continue
@@ -142,9 +140,3 @@ def warn_at_worker_start(sender: object, instance: Any, **_: Any) -> None:
     app: Celery = instance.app
     for message in start_warnings(app):
         log.warning("%s", message, extra={"worker": sender})
-
-
-@worker_process_init.connect(weak=False, dispatch_uid="fifolock_celery.forget_clients")
-def forget_inherited_clients(**_: Any) -> None:
-    """Drop the clients inherited from the parent (receiver of ``worker_process_init``)."""
-    forget_all()
