@@ -157,37 +157,32 @@ def check_lock_caches_make_locks(
 def check_replicas_on_cluster(
     app_configs: Sequence[AppConfig] | None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """``fifolock.E007`` for each cache with ``fifo_lock()`` on a Redis Cluster
-    when ``FIFOLOCK['REPLICAS']`` is above 0 (nothing is sent to Redis)."""
+    """``fifolock.E007`` for each cache with ``fifo_lock()`` that makes locks with
+    ``replicas=0`` but not with ``FIFOLOCK['REPLICAS']`` (the core refuses
+    replicas on a Redis Cluster). Nothing is sent to Redis."""
     try:
-        replicas = fifolock_settings().lock.replicas
+        fifolock_settings()
     except ImproperlyConfigured:
         return []  # reported as fifolock.E003
-    if not replicas:
-        return []
     errors: list[CheckMessage] = []
     for alias, cache in _lock_caches():
-        if not isinstance(cache, FifoLockMixin):
-            continue
         try:
-            connection = cache.fifo_lock_connection()
+            cache.fifo_lock(CHECK_LOCK, replicas=0)
         except ImproperlyConfigured:
             continue  # reported as fifolock.E004
-        if connection.topology != "cluster":
-            continue
-        errors.append(
-            Error(
-                f"{SETTING}['REPLICAS'] is {replicas}, but cache {alias!r} keeps its FIFO "
-                f"locks on a Redis Cluster ({connection.describe()}), where a lock cannot "
-                "wait for replicas: its fifo_lock() raises ImproperlyConfigured unless "
-                "given replicas=0.",
-                hint=(
-                    f"Set {SETTING}['REPLICAS'] to 0, or pass replicas=0 to every "
-                    f"fifo_lock() on cache {alias!r}."
-                ),
-                id="fifolock.E007",
+        try:
+            cache.fifo_lock(CHECK_LOCK)
+        except ImproperlyConfigured as exc:
+            errors.append(
+                Error(
+                    f"Cache {alias!r} cannot make FIFO locks with {SETTING}['REPLICAS']: {exc}.",
+                    hint=(
+                        f"Set {SETTING}['REPLICAS'] to 0, or pass replicas=0 to every "
+                        f"fifo_lock() on cache {alias!r}."
+                    ),
+                    id="fifolock.E007",
+                )
             )
-        )
     return errors
 
 
