@@ -5,7 +5,13 @@ configuration lives. Under Django with ``namespace="CELERY"`` each is spelled in
 capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
 
 ================================  ==================================================
-``fifo_lock_redis_url``           Redis URL of the locks (str). Default: the broker
+``fifo_lock_django_cache``        Under Django: the alias (str) of the cache whose
+                                  locks the tasks share; False: ignore Django.
+                                  Default ``FIFOLOCK['CACHE']`` when the project
+                                  uses ``fifolock_django`` (see
+                                  ``fifolock_celery.under_django``).
+``fifo_lock_redis_url``           Redis URL of the locks (str). Default: under
+                                  Django the cache's server, else the broker
                                   URL when that is ``redis://``, ``rediss://`` or
                                   ``sentinel://`` (one or several).
 ``fifo_lock_transport_options``   Dict: ``master_name`` and ``sentinel_kwargs``
@@ -15,10 +21,9 @@ capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
                                   ``broker_transport_options`` when the URL is the
                                   broker's, else none. With the broker's URL,
                                   ``broker_use_ssl`` applies too.
-``fifo_lock_namespace``           Put in front of every lock key (str), e.g. a
-                                  Django cache's ``KEY_PREFIX`` to share its
-                                  locks (``fifolock_django.lock_namespace()``).
-                                  Default "": none.
+``fifo_lock_namespace``           Put in front of every lock key (str). Default:
+                                  under Django the cache's ``KEY_PREFIX``, else
+                                  "": none.
 ``fifo_lock_lease_ms``            Default ``lease_ms`` (int, ms). Default 60_000.
 ``fifo_lock_poll_ms``             Default ``poll_ms`` (int, ms). Default 30_000.
 ``fifo_lock_max_hold_ms``         Default ``max_hold_ms`` (int, ms). Default 1_800_000.
@@ -51,16 +56,20 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 from .server import ServerError, lock_server
+from .under_django import DjangoLocks, django_locks, mismatch
 
 REDIS_URL_SETTING = "fifo_lock_redis_url"
-"""App setting (str): Redis URL of the locks; default: a Redis ``broker_url``."""
+"""App setting (str): Redis URL of the locks; default: under Django the server of the
+cache ``FIFOLOCK`` names (see ``fifolock_celery.under_django``), else a Redis
+``broker_url``."""
 TRANSPORT_OPTIONS_SETTING = "fifo_lock_transport_options"
 """App setting (dict): ``master_name``, ``sentinel_kwargs``, ``cluster`` and ``ssl_*``
 options of the lock server; default: ``broker_transport_options`` when the locks use
 the broker's URL."""
 NAMESPACE_SETTING = "fifo_lock_namespace"
 """App setting (str): namespace in front of every lock key (see
-``redis_fifo_lock.FifoLock``); default "": none."""
+``redis_fifo_lock.FifoLock``); default: under Django the ``KEY_PREFIX`` of the cache
+``FIFOLOCK`` names, else "": none."""
 LEASE_MS_SETTING = "fifo_lock_lease_ms"
 """App setting (int, ms): default ``lease_ms`` of every task lock; default 60_000."""
 POLL_MS_SETTING = "fifo_lock_poll_ms"
@@ -95,7 +104,11 @@ class LockConfig:
         settings: the lock settings (``redis_fifo_lock.LockSettings``: lease_ms,
             poll_ms, max_hold_ms, replica_wait_ms in int milliseconds, and
             replicas).
-        namespace: the ``fifo_lock_namespace`` (str; "" for none).
+        namespace: the ``fifo_lock_namespace`` (str; "" for none), under
+            Django by default the cache's ``KEY_PREFIX``.
+        django: under Django, the cache whose locks the tasks share
+            (``fifolock_celery.under_django.DjangoLocks``: lock names become its
+            cache keys); None when Django is not used.
 
     Build it with ``LockConfig.from_app``.
     """
@@ -103,6 +116,7 @@ class LockConfig:
     server: LockServer
     settings: LockSettings
     namespace: str = ""
+    django: DjangoLocks | None = None
 
     @classmethod
     def from_app(
@@ -124,18 +138,23 @@ class LockConfig:
                 ``lease_ms``, ``poll_ms``...), overriding the app's settings;
                 None or absent: the app's value.
 
+        Under Django (see ``fifolock_celery.under_django``) the server and the
+        namespace are by default the cache's that ``FIFOLOCK`` names.
+
         Raises:
             LockUsageError: no Redis URL (``fifo_lock_redis_url`` is unset and
-                the broker is not Redis), or the URL and transport options do
-                not make a lock server (see ``server_of``). The message names
-                the setting.
+                the broker is not Redis), the URL and transport options do
+                not make a lock server (see ``server_of``), or under Django the
+                cache cannot make locks. The message names the setting.
             ValueError: naming the lock and each setting or option as the user
                 spelled it, for a value or a combination ``LockSettings``
                 refuses, ``replicas`` above 0 on a Redis Cluster lock server,
                 or a ``fifo_lock_namespace`` the lock refuses.
             TypeError: an option that is not a lock option.
         """
-        server = server_of(app, lock_name)
+        django = django_locks(app, lock_name)
+        explicit_url = app.conf.get(REDIS_URL_SETTING) is not None
+        server = server_of(app, lock_name) if django is None or explicit_url else django.server
         configured = {option: app.conf.get(setting) for option, setting in SETTING_OF.items()}
         cluster = server.describe() if server.topology == "cluster" else None
         try:
@@ -147,22 +166,37 @@ class LockConfig:
             )
         except ValueError as exc:
             raise ValueError(f"FIFO lock {lock_name!r}: {exc}") from None
-        try:
-            namespace = check_namespace(app.conf.get(NAMESPACE_SETTING) or "")
-        except ValueError as exc:
-            raise ValueError(f"FIFO lock {lock_name!r}: {NAMESPACE_SETTING}: {exc}") from None
-        return cls(server=server, settings=settings, namespace=namespace)
+        given_namespace = app.conf.get(NAMESPACE_SETTING)
+        if django is not None and given_namespace is None:
+            namespace = django.namespace
+        else:
+            try:
+                namespace = check_namespace(given_namespace or "")
+            except ValueError as exc:
+                raise ValueError(f"FIFO lock {lock_name!r}: {NAMESPACE_SETTING}: {exc}") from None
+        return cls(server=server, settings=settings, namespace=namespace, django=django)
 
     def lock(self, name: str) -> SyncFifoLock:
         """The ``SyncFifoLock`` named ``name`` with these settings, on this
-        process's clients of ``server``.
+        process's clients of ``server``; under Django its Redis name is the
+        cache key of ``name``, as for ``cache.fifo_lock(name)``.
 
         Raises:
             ValueError: a bad lock name.
+            django.core.exceptions.ImproperlyConfigured: under Django, the
+                cache's key function makes an invalid lock name of ``name``.
         """
+        redis_name = name if self.django is None else self.django.name(name)
         return SyncFifoLock(
-            self.server.clients(), name, settings=self.settings, namespace=self.namespace
+            self.server.clients(), redis_name, settings=self.settings, namespace=self.namespace
         )
+
+    def django_mismatch(self) -> str | None:
+        """Under Django, why these locks are not the cache's locks of the same
+        names (naming the settings); None when they are, or without Django."""
+        if self.django is None:
+            return None
+        return mismatch(self.server, self.namespace, self.django)
 
 
 def lock_for(app: Celery, name: str, **options: Unpack[LockOptions]) -> SyncFifoLock:

@@ -81,7 +81,11 @@ def start_warnings(app: Celery) -> list[str]:
       shorter than its ``time_limit``: a task still waiting or running then is
       delivered again, and the copy queues for the lock;
     - its ``retry`` policy's ``countdown`` exceeds the Redis
-      ``visibility_timeout``: the republished message is delivered twice.
+      ``visibility_timeout``: the republished message is delivered twice;
+
+    and once for the app, under Django: its locks are not the cache's locks of
+    the same names (``fifo_lock_redis_url`` or ``fifo_lock_namespace`` says
+    another server, database or namespace; see ``fifolock_celery.under_django``).
 
     A task without a ``time_limit`` (its own or ``task_time_limit``) is not
     compared; per-call limits (``apply_async(time_limit=...)``) cannot be seen.
@@ -94,6 +98,7 @@ def start_warnings(app: Celery) -> list[str]:
         change; empty when all is well.
     """
     messages = []
+    apart: dict[str, None] = {}  # the Django mismatch, once (the settings are the app's)
     visibility_s = _visibility_timeout(app)
     for name, task in sorted(app.tasks.items()):
         spec = spec_of(task)
@@ -104,6 +109,9 @@ def start_warnings(app: Celery) -> list[str]:
         except (LockUsageError, ValueError) as exc:
             messages.append(f"task {name}: every execution will fail: {exc}")
             continue
+        different = config.django_mismatch()
+        if different is not None:
+            apart[f"the app's FIFO locks are not the Django cache's: {different}"] = None
         if spec.policy == "retry" and visibility_s is not None and spec.countdown > visibility_s:
             messages.append(
                 f"task {name}: its retry countdown of {spec.countdown:g} s exceeds the Redis "
@@ -131,7 +139,7 @@ def start_warnings(app: Celery) -> list[str]:
                 "again, and the copy runs once the first is done. Raise "
                 "broker_transport_options['visibility_timeout'] above the time limit"
             )
-    return messages
+    return [*apart, *messages]
 
 
 @celeryd_after_setup.connect(weak=False, dispatch_uid="fifolock_celery.warn_at_start")

@@ -509,19 +509,11 @@ def lock_cache(alias: str | None = None) -> SupportsFifoLock:
 def lock_name(name: str, cache: str | None = None, *, version: int | None = None) -> str:
     """The name in Redis of the lock that ``caches[cache].fifo_lock(name)`` takes.
 
-    Give it to code that uses the core or the Celery integration directly, so
-    that it takes the very same lock::
-
-        @app.task
-        @fifo_locked(lock_name("invoices"))   # same lock as cache.fifo_lock("invoices")
-        def issue(): ...
-
-    (With a ``KEY_PREFIX``, pass ``namespace=lock_namespace()`` too, or set
-    ``CELERY_FIFO_LOCK_NAMESPACE`` to it: the keys start with the prefix. The
-    Celery side must also connect to the same Redis server and database:
-    ``CELERY_FIFO_LOCK_REDIS_URL`` should be the cache's ``LOCATION``; for a
-    Sentinel or Redis Cluster cache, the same sentinels and service, or nodes,
-    in Celery's form - see ``fifolock_celery.server``.)
+    Give it to code that uses the core directly, so that it takes the very
+    same lock (``SyncFifoLock(url, lock_name("invoices"),
+    namespace=lock_namespace())``). Celery tasks need neither: in a Django
+    project ``@fifo_locked("invoices")`` already takes this lock (see
+    ``fifolock_celery.under_django``).
 
     Args:
         name: the name given to ``fifo_lock()`` (str, no ``{``/``}``).
@@ -545,9 +537,8 @@ def lock_name(name: str, cache: str | None = None, *, version: int | None = None
 def lock_namespace(cache: str | None = None) -> str:
     """The namespace of the locks of ``caches[cache]``: its ``KEY_PREFIX``.
 
-    Give it, with ``lock_name()``, to code that uses the core (``namespace=``)
-    or the Celery integration (``fifo_lock_namespace``), so that it takes the
-    very same lock as ``cache.fifo_lock()``.
+    Give it, with ``lock_name()``, to code that uses the core (``namespace=``),
+    so that it takes the very same lock as ``cache.fifo_lock()``.
 
     Args:
         cache: alias (str) in ``CACHES``; default ``FIFOLOCK['CACHE']``.

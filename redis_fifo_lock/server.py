@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from redis.asyncio.connection import parse_url
+
 from .clients import LoopClients
 from .connection import masked_kwargs, masked_url, node_address
 
@@ -124,6 +126,27 @@ class LockServer:
             return f"master {self.service_name!r} of the sentinels {where}"
         urls = ", ".join(masked_url(url) for url in self.urls)
         return f"Redis Cluster {urls}" if self.topology == "cluster" else urls
+
+    def place(self) -> tuple[object, ...]:
+        """Where the lock keys are, as configured: equal for two servers that
+        reach the same keys whatever their other options (timeouts, pools).
+
+        ``("server", host, port, db)``, ``("unix", path, db)``,
+        ``("sentinel", service_name, db, sentinels)`` or ``("cluster", nodes)``;
+        the database from the URL, else the ``db`` option, else 0. Host names
+        are compared as written (``localhost`` is not ``127.0.0.1``).
+        """
+        db = int(self.kwargs.get("db") or 0)
+        if self.topology == "sentinel":
+            return ("sentinel", self.service_name, db, tuple(sorted(self.sentinels)))
+        if self.topology == "cluster":
+            nodes = sorted(node_address(url, "a Redis Cluster node's URL") for url in self.urls)
+            return ("cluster", tuple(nodes))
+        parsed = parse_url(self.urls[0])
+        db = int(parsed.get("db", db))
+        if "path" in parsed:
+            return ("unix", parsed["path"], db)
+        return ("server", parsed.get("host", "localhost"), int(parsed.get("port", 6379)), db)
 
     def key(self) -> str:
         """A string equal for equal servers, whatever the order of the options
