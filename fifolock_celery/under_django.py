@@ -118,12 +118,13 @@ def django_locks(app: Celery, lock_name: str) -> DjangoLocks | None:
         )
     from django.core.exceptions import ImproperlyConfigured
 
+    from fifolock_django.conf import fifolock_settings
     from fifolock_django.lock import lock_cache, namespace_of
 
     source = DJANGO_CACHE_SETTING if choice is not None else "FIFOLOCK['CACHE']"
     try:
         cache: Any = lock_cache(choice)
-        alias = choice or cache_alias()
+        alias = choice or fifolock_settings().cache
         return DjangoLocks(alias, cache.fifo_lock_connection(), namespace_of(cache), cache)
     except ImproperlyConfigured as exc:
         raise LockUsageError(
@@ -131,13 +132,6 @@ def django_locks(app: Celery, lock_name: str) -> DjangoLocks | None:
             f"the Django cache of the FIFO locks ({source}) cannot make locks: {exc}; fix it, "
             f"or set {DJANGO_CACHE_SETTING} to another cache (False: ignore Django)",
         ) from exc
-
-
-def cache_alias() -> str:
-    """``FIFOLOCK['CACHE']`` (str), read now."""
-    from fifolock_django.conf import fifolock_settings
-
-    return fifolock_settings().cache
 
 
 def mismatch(server: LockServer, namespace: str, locks: DjangoLocks) -> str | None:
