@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from . import metrics
 from .errors import LockUsageError
 
 
@@ -80,6 +81,7 @@ class Lease:
         callable from any thread."""
         if self.lost_reason is None:
             self.lost_reason = reason
+            metrics.lease_lost(self)
             waiters, self._lost_waiters = self._lost_waiters, []
             for waiter in waiters:
                 with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits

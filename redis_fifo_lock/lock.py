@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from . import metrics
 from .clients import LoopClients, at_loop_close
 from .errors import (
     LeaseLost,
@@ -188,10 +189,17 @@ class FifoLock:
             default "": none): ``<namespace>:fifolock:{<name>}:<part>``, e.g. a
             tenant's key prefix for an ACL key pattern. Locks share a lock only
             with the same name and namespace. See ``check_namespace``.
+        name_template: the template the name was filled in from (str, e.g.
+            ``"customer-{customer_id}"``), recorded with the lock's OpenTelemetry
+            metrics and spans (``redis_fifo_lock.metrics``) in place of the name;
+            default None: ``"(untemplated)"`` for every lock, never the name.
+        integration: what made the lock, recorded with the same: ``"core"``
+            (default), ``"django"`` or ``"celery"``.
 
     Raises:
-        ValueError: naming the setting, for a bad name, namespace or settings, or
-            ``replicas`` with a ``RedisCluster`` client.
+        ValueError: naming the setting, for a bad name, namespace, settings,
+            ``name_template`` or ``integration``, or ``replicas`` with a
+            ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
             client or a ``LoopClients`` (a URL string among them).
@@ -217,8 +225,11 @@ class FifoLock:
         replicas: int = 0,
         replica_wait_ms: int | None = None,
         namespace: str = "",
+        name_template: str | None = None,
+        integration: str = "core",
     ) -> None:
         self.name = check_name(name)
+        self.labels = metrics.lock_labels(name, name_template, integration)
         if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
             raise TypeError(
                 f"FIFO lock {name!r} needs a redis.asyncio client, got a synchronous "
@@ -324,10 +335,11 @@ class FifoLock:
         hub = hub_for(self.client)
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
-        try:
-            lease = await self._acquire(hub, group, waiter, started, deadline)
-        finally:
-            group.leave(token)
+        with metrics.waiting(self.labels, self.keys):
+            try:
+                lease = await self._acquire(hub, group, waiter, started, deadline)
+            finally:
+                group.leave(token)
         if _cancelling():
             # Cancelled while the call that granted it was in flight, and the
             # cancellation was swallowed on the way (redis-py and asyncio.wait_for
@@ -499,6 +511,7 @@ class FifoLock:
             self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
         )
         hub.leases[(self.keys, waiter.token)] = lease
+        metrics.hold_started(self.labels, lease, grant.queued)
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         loop = asyncio.get_running_loop()
         lease._renewal = Renewal(loop, first_at, lambda r: self._renew(hub, lease, r))
@@ -657,6 +670,7 @@ class FifoLock:
             lease.releasing = False
             raise
         lease.released = True
+        metrics.hold_ended(lease, lost=outcome == NOT_HELD or lease.lost_reason is not None)
         hub.leases.pop((self.keys, lease.token), None)
         if handover is not None:
             # The next holder waits in this process: no ring was sent for it.

@@ -17,6 +17,7 @@ from .connection import check_url
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
+from .metrics import lock_labels
 from .portal import portal
 from .protocol import AsyncClient
 from .settings import check_name, check_namespace
@@ -32,10 +33,14 @@ class SyncFifoLock:
         lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for
             ``FifoLock`` (see ``LockSettings``).
         namespace: as for ``FifoLock`` (str, default "": none).
+        name_template, integration: as for ``FifoLock``: the labels of the
+            lock's OpenTelemetry metrics and spans (default None: "(untemplated)",
+            and "core").
 
     Raises:
-        ValueError: naming the setting, for a bad name, namespace or settings, or a
-            URL that is not ``redis://``, ``rediss://`` or ``unix://``.
+        ValueError: naming the setting, for a bad name, namespace, settings,
+            ``name_template`` or ``integration``, or a URL that is not
+            ``redis://``, ``rediss://`` or ``unix://``.
         TypeError: ``connection`` is neither a str nor a ``LoopClients``.
 
     Methods mirror ``FifoLock`` without ``await``; ``timeout`` is in seconds.
@@ -53,9 +58,12 @@ class SyncFifoLock:
         replicas: int = 0,
         replica_wait_ms: int | None = None,
         namespace: str = "",
+        name_template: str | None = None,
+        integration: str = "core",
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
+        self.labels = lock_labels(name, name_template, integration)
         if isinstance(connection, LoopClients):
             self.clients = connection
         elif isinstance(connection, str):
@@ -86,7 +94,14 @@ class SyncFifoLock:
         if core is None or core[0] is not client:
             core = self._core = (
                 client,
-                FifoLock(client, self.name, namespace=self.namespace, **asdict(self.settings)),
+                FifoLock(
+                    client,
+                    self.name,
+                    namespace=self.namespace,
+                    name_template=self.labels.name_template,
+                    integration=self.labels.integration,
+                    **asdict(self.settings),
+                ),
             )
         return core[1]
 

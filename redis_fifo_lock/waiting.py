@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
+from . import metrics
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy
@@ -497,6 +498,7 @@ class Hub:
             )
             return False
         if outcome == GAVE_BACK:
+            metrics.gave_back(group.keys)
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
 
