@@ -84,6 +84,7 @@ def lock_for(
     max_hold_ms: int | None = None,
     replicas: int | None = None,
     replica_wait_ms: int | None = None,
+    name_template: str | None = None,
 ) -> SyncFifoLock:
     """A ``SyncFifoLock`` named ``name`` configured by ``app``'s ``fifo_lock_*`` settings.
 
@@ -98,11 +99,16 @@ def lock_for(
             ``fifo_lock_replica_wait_ms``; None (default) keeps the app's value.
         replicas: override (int) of the app's ``fifo_lock_replicas``; None
             (default) keeps the app's value.
+        name_template: the template ``name`` was filled in from (str), recorded
+            with the lock's OpenTelemetry metrics and spans
+            (``redis_fifo_lock.metrics``, integration ``celery``) in place of
+            the name; default None: ``"(untemplated)"``. ``@fifo_locked``
+            passes its name template.
 
     Raises:
         LockUsageError: no Redis URL configured (see ``LockConfig.from_app``).
-        ValueError: a bad lock name or setting, naming it, or ``replicas``
-            above 0 on a Redis Cluster.
+        ValueError: a bad lock name, setting or ``name_template``, naming it,
+            or ``replicas`` above 0 on a Redis Cluster.
     """
     config = LockConfig.from_app(
         app,
@@ -118,5 +124,7 @@ def lock_for(
         clients_for(app, config.server),
         name,
         namespace=config.namespace,
+        name_template=name_template,
+        integration="celery",
         **asdict(config.settings),
     )

@@ -204,7 +204,7 @@ class LockSpec:
             ValueError: the name or a lock setting is invalid (or ``replicas``
                 is above 0 on a Redis Cluster).
         """
-        return lock_for(task.app, name, **self.lock_options())
+        return lock_for(task.app, name, name_template=self.name.template, **self.lock_options())
 
 
 def _running_task(args: tuple[Any, ...], spec: LockSpec) -> Task[Any, Any]:

@@ -38,6 +38,7 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.lock import check_timeout
+from redis_fifo_lock.metrics import lock_labels
 from redis_fifo_lock.settings import MAX_NAME_BYTES, check_name, check_namespace, shown_value
 
 from .conf import SETTING, fifolock_settings
@@ -101,9 +102,12 @@ class CacheFifoLock:
             the core's lock.
         namespace: put in front of the lock's keys (str, default "": none), the
             cache's ``KEY_PREFIX`` (see ``namespace_of``).
+        name_template: the label of the lock's OpenTelemetry metrics and spans
+            (str, or None, default: "(untemplated)"), see ``fifo_lock``.
 
     Raises:
-        ValueError: for a bad ``name``, ``timeout`` or ``namespace``.
+        ValueError: for a bad ``name``, ``timeout``, ``namespace`` or
+            ``name_template``.
 
     Entering raises ``LockTimeout`` (a ``TimeoutError``; ``.waited`` in seconds,
     ``.holder_fence``) when ``timeout`` runs out, and ``RedisUnavailable`` when
@@ -130,9 +134,11 @@ class CacheFifoLock:
         timeout: float | None,
         settings: LockSettings,
         namespace: str = "",
+        name_template: str | None = None,
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
+        self.labels = lock_labels(name, name_template, "django")
         self.timeout = check_timeout(timeout)
         self.settings = settings
         self.clients = clients
@@ -145,14 +151,26 @@ class CacheFifoLock:
         """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
         # Every field of the settings, so that none can be dropped on the way.
         return SyncFifoLock(
-            self.clients, self.name, namespace=self.namespace, **asdict(self.settings)
+            self.clients,
+            self.name,
+            namespace=self.namespace,
+            name_template=self.labels.name_template,
+            integration=self.labels.integration,
+            **asdict(self.settings),
         )
 
     def async_lock(self) -> FifoLock:
         """The core's ``FifoLock`` for this lock; each call uses the running event
         loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
-        return FifoLock(self.clients, self.name, namespace=self.namespace, **asdict(self.settings))
+        return FifoLock(
+            self.clients,
+            self.name,
+            namespace=self.namespace,
+            name_template=self.labels.name_template,
+            integration=self.labels.integration,
+            **asdict(self.settings),
+        )
 
     # --- acquire and release in different places --------------------------------------
 
@@ -289,6 +307,7 @@ class SupportsFifoLock(Protocol):
         max_hold_ms: int | None = None,
         replicas: int | None = None,
         replica_wait_ms: int | None = None,
+        name_template: str | None = None,
     ) -> CacheFifoLock:
         """See ``FifoLockMixin.fifo_lock``."""
         ...
@@ -336,6 +355,7 @@ class FifoLockMixin(BaseCache):
         max_hold_ms: int | None = None,
         replicas: int | None = None,
         replica_wait_ms: int | None = None,
+        name_template: str | None = None,
     ) -> CacheFifoLock:
         """A FIFO lock named by the cache key of ``name``, for ``with`` or ``async with``.
 
@@ -359,6 +379,11 @@ class FifoLockMixin(BaseCache):
             replica_wait_ms: int milliseconds overriding
                 ``FIFOLOCK['REPLICA_WAIT_MS']``: how long each grant and renewal
                 waits for those acknowledgements.
+            name_template: the template ``name`` was filled in from (str, e.g.
+                ``"invoice-{id}"``; a fixed name is its own template), recorded
+                with the lock's OpenTelemetry metrics and spans
+                (``redis_fifo_lock.metrics``, integration ``django``) in place
+                of the name; default None: ``"(untemplated)"``.
 
         Returns:
             a ``CacheFifoLock``; entering it yields the ``Lease``. See there for
@@ -367,8 +392,8 @@ class FifoLockMixin(BaseCache):
             ``IGNORE_EXCEPTIONS``). Nothing touches Redis until it is used.
 
         Raises:
-            ValueError: for a bad ``name``, ``timeout`` or lock option, or
-                ``replicas`` above 0 on a Redis Cluster cache.
+            ValueError: for a bad ``name``, ``timeout``, lock option or
+                ``name_template``, or ``replicas`` above 0 on a Redis Cluster cache.
             ImproperlyConfigured: for an invalid ``FIFOLOCK`` (or its
                 ``REPLICAS`` above 0 on a Redis Cluster cache), a ``KEY_PREFIX``
                 that makes an invalid lock name, or connection settings the
@@ -385,6 +410,7 @@ class FifoLockMixin(BaseCache):
             max_hold_ms=max_hold_ms,
             replicas=replicas,
             replica_wait_ms=replica_wait_ms,
+            name_template=name_template,
         )
 
 
@@ -460,6 +486,7 @@ def cache_lock(
     max_hold_ms: int | None = None,
     replicas: int | None = None,
     replica_wait_ms: int | None = None,
+    name_template: str | None = None,
 ) -> CacheFifoLock:
     """Build the ``CacheFifoLock`` that a backend's ``fifo_lock()`` returns.
 
@@ -467,8 +494,9 @@ def cache_lock(
     namespace ``namespace_of(cache)``, its connections
     ``shared_clients(connection)``. Each lock option left None takes its
     ``FIFOLOCK`` value, read now: ``lease_ms``, ``poll_ms``, ``max_hold_ms``,
-    ``replica_wait_ms`` (int milliseconds) and ``replicas`` (int). Nothing
-    touches Redis here.
+    ``replica_wait_ms`` (int milliseconds) and ``replicas`` (int).
+    ``name_template`` labels its metrics (see ``fifo_lock``). Nothing touches
+    Redis here.
 
     Raises:
         ValueError: for a bad ``name``, ``timeout`` or lock option (the message
@@ -504,7 +532,9 @@ def cache_lock(
             f"{SETTING}['REPLICAS'] is {settings.replicas}, but {why}; set "
             f"{SETTING}['REPLICAS'] to 0, or pass replicas=0 to this cache's fifo_lock() calls"
         )
-    return CacheFifoLock(shared_clients(connection), key, timeout, settings, namespace)
+    return CacheFifoLock(
+        shared_clients(connection), key, timeout, settings, namespace, name_template
+    )
 
 
 def lock_cache(alias: str | None = None) -> SupportsFifoLock:
