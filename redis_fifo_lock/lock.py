@@ -335,7 +335,7 @@ class FifoLock:
         hub = hub_for(self.client)
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
-        with metrics.waiting(self.labels, self.keys):
+        with metrics.Waiting(self.labels, self.keys):
             try:
                 lease = await self._acquire(hub, group, waiter, started, deadline)
             finally:

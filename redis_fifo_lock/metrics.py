@@ -8,23 +8,20 @@ nothing of OpenTelemetry is imported.
 
 Metrics (instrumentation scope ``redis_fifo_lock``):
 
-========================== ========= ===================================================
-name                       unit      what
-========================== ========= ===================================================
-fifolock.wait.duration     s         histogram: one ``acquire`` from call to grant or
-                                     failure (``error.type`` names the exception)
-fifolock.hold.duration     s         histogram: from grant to release (``error.type``
-                                     is ``LeaseLost`` when the lease was lost)
-fifolock.grant.queue_length {request} histogram: requests still queued behind a grant
-                                     when its holder took it
-fifolock.wait.timeouts     {request} counter: ``acquire`` calls that raised
-                                     ``LockTimeout``
-fifolock.lease.lost        {lease}   counter: leases lost while held (renewal refused
-                                     or unanswered until expiry, or not held at release)
-fifolock.grant.given_back  {grant}   counter: grants this process gave back because
-                                     no one waited for them any more (the waiter gave
-                                     up, timed out or was cancelled as it was granted)
-========================== ========= ===================================================
+- ``fifolock.wait.duration`` (histogram, ``s``): one ``acquire``, from its call
+  to its grant or failure (``error.type`` names the exception).
+- ``fifolock.hold.duration`` (histogram, ``s``): from the grant to the release
+  (``error.type`` is ``LeaseLost`` when the lease had been lost).
+- ``fifolock.grant.queue_length`` (histogram, ``{request}``): requests still
+  queued behind a grant when its holder took it.
+- ``fifolock.wait.timeouts`` (counter, ``{request}``): ``acquire`` calls that
+  raised ``LockTimeout``.
+- ``fifolock.lease.lost`` (counter, ``{lease}``): leases lost while held
+  (renewal refused, or unanswered until the lease ran out, or not held at
+  release).
+- ``fifolock.grant.given_back`` (counter, ``{grant}``): grants this process gave
+  back because nobody waited for them any more (the waiter gave up, timed out
+  or was cancelled as it was granted).
 
 Spans: ``fifolock.wait`` around each ``acquire`` and ``fifolock.hold`` from
 grant to release (with ``fifolock.fence`` and ``fifolock.ticket``), both of
@@ -45,11 +42,14 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import LockTimeout
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+
     from .lease import Lease
     from .protocol import LockKeys
 
@@ -60,6 +60,7 @@ except ImportError:  # the otel extra is not installed: every hook is a no-op
     OTEL = False
 else:
     OTEL = True
+# OTEL: whether opentelemetry-api is installed (bool); nothing is recorded if not.
 
 NAME_TEMPLATE = "fifolock.name_template"
 """Attribute: the lock's name template (str)."""
@@ -144,7 +145,9 @@ def lock_labels(name: str, name_template: str | None, integration: str = "core")
 class _Instruments:
     """The tracer and the six instruments, made once per pair of providers."""
 
-    def __init__(self, meter_provider: Any, tracer_provider: Any) -> None:
+    def __init__(
+        self, meter_provider: MeterProvider | None, tracer_provider: TracerProvider | None
+    ) -> None:
         scope = "redis_fifo_lock"
         meter = (meter_provider or otel_metrics.get_meter_provider()).get_meter(scope)
         self.tracer = (tracer_provider or otel_trace.get_tracer_provider()).get_tracer(scope)
@@ -183,11 +186,13 @@ class _Instruments:
         )
 
 
-_providers: tuple[Any, Any] = (None, None)
+_providers: tuple[MeterProvider | None, TracerProvider | None] = (None, None)
 _instruments: _Instruments | None = None
 
 
-def set_providers(meter_provider: Any = None, tracer_provider: Any = None) -> None:
+def set_providers(
+    meter_provider: MeterProvider | None = None, tracer_provider: TracerProvider | None = None
+) -> None:
     """Report to these providers from now on, instead of the global ones.
 
     Args:
@@ -227,17 +232,18 @@ def _remember(keys: LockKeys, labels: Labels) -> None:
 
 
 class Waiting:
-    """Records one ``acquire``: use as ``with waiting(labels, keys): ...``
-    around the wait. On exit records ``fifolock.wait.duration`` (with
-    ``error.type`` when the block raised), counts a ``LockTimeout`` in
-    ``fifolock.wait.timeouts`` and ends the ``fifolock.wait`` span."""
+    """Records one ``acquire`` of the lock with ``keys``: use as
+    ``with Waiting(labels, keys): ...`` around the wait. On exit it records
+    ``fifolock.wait.duration`` (with ``error.type`` when the block raised),
+    counts a ``LockTimeout`` in ``fifolock.wait.timeouts`` and ends the
+    ``fifolock.wait`` span."""
 
     def __init__(self, labels: Labels, keys: LockKeys) -> None:
         self.labels = labels
         self.keys = keys
         self._started = 0.0
         self._instruments: _Instruments | None = None
-        self._span: Any = None
+        self._span: Span | None = None
 
     def __enter__(self) -> Waiting:
         instruments = self._instruments = _get()
@@ -256,7 +262,7 @@ class Waiting:
         traceback: TracebackType | None,
     ) -> None:
         instruments, span = self._instruments, self._span
-        if instruments is None:
+        if instruments is None or span is None:
             return
         attributes = dict(self.labels.attributes)
         if exc_type is not None:
@@ -269,17 +275,12 @@ class Waiting:
         span.end()
 
 
-def waiting(labels: Labels, keys: LockKeys) -> Waiting:
-    """A ``Waiting`` for one ``acquire`` of the lock with ``keys``."""
-    return Waiting(labels, keys)
-
-
 @dataclass
 class _Hold:
     instruments: _Instruments
     labels: Labels
     started: float
-    span: Any
+    span: Span
     ended: bool = False
 
 
