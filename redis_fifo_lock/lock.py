@@ -293,7 +293,8 @@ class FifoLock:
         lease = await self.acquire(timeout, token=token)
         # Shielded: a second cancellation must not leave the lease to expire.
         try:
-            yield lease
+            with metrics.current(lease):
+                yield lease
         except BaseException as error:
             try:
                 await asyncio.shield(release_retrying(self, lease))

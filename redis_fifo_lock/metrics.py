@@ -26,6 +26,9 @@ Metrics (instrumentation scope ``redis_fifo_lock``):
 Spans: ``fifolock.wait`` around each ``acquire`` and ``fifolock.hold`` from
 grant to release (with ``fifolock.fence`` and ``fifolock.ticket``), both of
 kind INTERNAL, with an error status when the wait failed or the lease was lost.
+Both are children of the span current where ``acquire`` was called (also for
+``SyncFifoLock``, whose calls run on the portal thread), and inside a
+``hold()`` block the hold's span is the current one.
 
 Every metric and span carries two attributes, both of bounded cardinality:
 ``fifolock.name_template`` (the lock's name template, never its filled-in name;
@@ -39,7 +42,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -47,6 +51,7 @@ from typing import TYPE_CHECKING
 from .errors import LockTimeout
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
     from .protocol import LockKeys
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
     from opentelemetry import trace as otel_trace
 except ImportError:  # the otel extra is not installed: every hook is a no-op
@@ -335,3 +341,38 @@ def gave_back(keys: LockKeys) -> None:
         with _known_lock:
             labels = _known.get(keys) or Labels(DEFAULT_NAME_TEMPLATE, "core")
         instruments.given_back.add(1, labels.attributes)
+
+
+@contextmanager
+def current(lease: Lease) -> Iterator[None]:
+    """Inside the block, ``lease``'s ``fifolock.hold`` span is the current span,
+    so spans started there are its children. Exceptions pass through untouched
+    (the release sets the span's status)."""
+    hold = _holds.get(lease)
+    if hold is None:
+        yield
+        return
+    with otel_trace.use_span(
+        hold.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    ):
+        yield
+
+
+def caller_context() -> Context | None:
+    """The calling thread's OpenTelemetry context, for ``in_context`` on the
+    thread that acts for it; None without the ``otel`` extra."""
+    return otel_context.get_current() if OTEL else None
+
+
+@contextmanager
+def in_context(context: Context | None) -> Iterator[None]:
+    """Run the block in ``context`` (from ``caller_context``), so that the spans
+    it starts have the caller's current span as parent."""
+    if context is None:
+        yield
+        return
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

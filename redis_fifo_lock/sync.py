@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 
+from . import metrics
 from .clients import LoopClients
 from .connection import check_url
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
-from .metrics import lock_labels
 from .portal import portal
 from .protocol import AsyncClient
 from .settings import check_name, check_namespace
@@ -63,7 +63,7 @@ class SyncFifoLock:
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
-        self.labels = lock_labels(name, name_template, integration)
+        self.labels = metrics.lock_labels(name, name_template, integration)
         if isinstance(connection, LoopClients):
             self.clients = connection
         elif isinstance(connection, str):
@@ -107,9 +107,11 @@ class SyncFifoLock:
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Block until granted; see ``FifoLock.acquire`` (same arguments and errors)."""
+        context = metrics.caller_context()  # the caller's current span is the wait's parent
 
         async def run() -> Lease:
-            return await self._lock().acquire(timeout, token=token)
+            with metrics.in_context(context):
+                return await self._lock().acquire(timeout, token=token)
 
         async def give_back(lease: Lease) -> None:
             await self._lock().release(lease)
@@ -151,7 +153,8 @@ class SyncFifoLock:
         """
         lease = self.acquire(timeout, token=token)
         try:
-            yield lease
+            with metrics.current(lease):
+                yield lease
         except BaseException as error:
             try:
                 self._release_retrying(lease)

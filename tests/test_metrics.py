@@ -215,6 +215,41 @@ async def test_a_lock_without_a_template_is_labelled_untemplated_never_by_name(
     assert dict(point.attributes) == labels(template="(untemplated)")
 
 
+async def test_wait_and_hold_spans_nest_under_the_caller_and_hold_the_block_s_spans(
+    aredis: Redis, telemetry: Telemetry
+) -> None:
+    tracer = telemetry.tracer()
+    with tracer.start_as_current_span("caller") as caller:
+        async with job_lock(aredis).hold(timeout=5):
+            with tracer.start_as_current_span("work"):
+                pass
+    assert_nested(telemetry, caller.get_span_context().span_id)
+
+
+def test_the_sync_facade_s_spans_nest_under_the_calling_thread_s_span(
+    redis_url: str, telemetry: Telemetry
+) -> None:
+    tracer = telemetry.tracer()
+    lock = SyncFifoLock(redis_url, "jobs-8", name_template=TEMPLATE, **FAST)
+    with (
+        tracer.start_as_current_span("caller") as caller,
+        lock.hold(timeout=5),
+        tracer.start_as_current_span("work"),
+    ):
+        pass
+    assert_nested(telemetry, caller.get_span_context().span_id)
+
+
+def assert_nested(telemetry: Telemetry, caller: int) -> None:
+    """The wait and the hold are children of ``caller``, and "work" of the hold."""
+    [wait] = telemetry.finished("fifolock.wait")
+    [hold] = telemetry.finished("fifolock.hold")
+    [work] = telemetry.finished("work")
+    assert wait.parent is not None and wait.parent.span_id == caller
+    assert hold.parent is not None and hold.parent.span_id == caller
+    assert work.parent is not None and work.parent.span_id == hold.context.span_id
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [

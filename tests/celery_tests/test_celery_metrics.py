@@ -50,3 +50,18 @@ def test_lock_for_takes_a_name_template(app: Celery, telemetry: Telemetry) -> No
         pass
     [point] = telemetry.points("fifolock.grant.queue_length")
     assert attributes(point) == labels("report-{day}", "celery")
+
+
+def test_a_task_body_s_spans_are_children_of_its_hold(app: Celery, telemetry: Telemetry) -> None:
+    tracer = telemetry.tracer()
+
+    @app.task(shared=False, name="t.traced")
+    @fifo_locked("traced-{key}", timeout=5)
+    def traced(key: str) -> None:
+        with tracer.start_as_current_span("body"):
+            pass
+
+    traced.apply((unique("t"),), throw=True)
+    [hold] = telemetry.finished("fifolock.hold")
+    [body] = telemetry.finished("body")
+    assert body.parent is not None and body.parent.span_id == hold.context.span_id

@@ -12,6 +12,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Metric
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Tracer
 
 from redis_fifo_lock import metrics
 
@@ -22,6 +23,11 @@ class Telemetry:
 
     reader: InMemoryMetricReader
     spans: InMemorySpanExporter
+    tracer_provider: TracerProvider
+
+    def tracer(self) -> Tracer:
+        """A tracer of the same provider, for the test's own spans."""
+        return self.tracer_provider.get_tracer("tests")
 
     def metric(self, name: str) -> Metric:
         """Metric ``name``; fails the test if it was not recorded."""
@@ -55,7 +61,7 @@ def recording() -> Iterator[Telemetry]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     metrics.set_providers(meter_provider, tracer_provider)
     try:
-        yield Telemetry(reader, spans)
+        yield Telemetry(reader, spans, tracer_provider)
     finally:
         metrics.set_providers()
         meter_provider.shutdown()
