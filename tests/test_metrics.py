@@ -177,8 +177,14 @@ async def test_a_ring_for_a_request_nobody_waits_for_is_given_back_and_counted(
         # A request of the rival's process that no task waits for any more (its
         # waiter gave up, and its withdrawal has not reached Redis), ahead of a
         # live waiter of that process.
-        session = hub_for(other).session_for(rival.settings)
-        await PROTOCOL.acquire(other, rival.keys, "ghost", session, rival.settings, call="c1")
+        hub = hub_for(other)
+        session = hub.session_for(rival.settings)
+        call = hub.call_ids.new(session)
+        hub.call_ids.enter(rival.keys, call)  # as a withdrawal not yet sent would be
+        floor = hub.call_ids.floor(rival.keys, session)
+        await PROTOCOL.acquire(
+            other, rival.keys, "ghost", session, rival.settings, call=call, floor=floor
+        )
         waiter = asyncio.create_task(rival.acquire())
         await queue_length(lock, 2)
         channel = rival.keys.doorbell_of(session)
