@@ -194,6 +194,7 @@ class _Instruments:
 
 _providers: tuple[MeterProvider | None, TracerProvider | None] = (None, None)
 _instruments: _Instruments | None = None
+_instruments_lock = threading.Lock()  # made once, whichever thread's lock asks first
 
 
 def set_providers(
@@ -212,16 +213,21 @@ def set_providers(
     Without the ``otel`` extra it does nothing.
     """
     global _providers, _instruments
-    _providers, _instruments = (meter_provider, tracer_provider), None
+    with _instruments_lock:
+        _providers, _instruments = (meter_provider, tracer_provider), None
 
 
 def _get() -> _Instruments | None:
     global _instruments
     if not OTEL:
         return None
-    if _instruments is None:
-        _instruments = _Instruments(*_providers)
-    return _instruments
+    instruments = _instruments
+    if instruments is None:
+        with _instruments_lock:
+            if _instruments is None:
+                _instruments = _Instruments(*_providers)
+            instruments = _instruments
+    return instruments
 
 
 _known: OrderedDict[LockKeys, Labels] = OrderedDict()
