@@ -15,6 +15,7 @@ from .errors import (
     NotReplicated,
     RedisUnavailable,
 )
+from .holder import describing
 from .lease import Lease, LockStatus
 from .lock import FifoLock
 from .settings import LockSettings
@@ -34,4 +35,5 @@ __all__ = [
     "RedisUnavailable",
     "SyncFifoLock",
     "acl_rules",
+    "describing",
 ]

@@ -72,6 +72,8 @@ class Waiter:
             that release), with the moment (monotonic s) its lease may be dated
             from: when the release was sent, before Redis made the grant. None
             otherwise.
+        holder: the description of the caller (str, see ``holder.py``) that its
+            acquire records for onlookers; "" for none.
     """
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -80,6 +82,7 @@ class Waiter:
         self.ticket: int | None = None
         self.queued_at: float | None = None
         self.granted: tuple[Grant, float] | None = None
+        self.holder = ""
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
 
@@ -193,6 +196,7 @@ class WaitGroup:
                 self.settings,
                 call=waiter.call,
                 requeue=requeue,
+                holder=waiter.holder,
             )
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
@@ -465,8 +469,7 @@ class Hub:
                 # needs): trying again cannot help; the request is skipped once
                 # this process stops polling, or its grant expires unclaimed.
                 log.warning(
-                    "FIFO lock %r: Redis refused to withdraw request %s (%s); it is left "
-                    "to expire",
+                    "FIFO lock %r: Redis refused to withdraw request %s (%s); it is left to expire",
                     group.keys.name,
                     withdrawal.token,
                     exc.cause,

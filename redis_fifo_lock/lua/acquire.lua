@@ -28,6 +28,7 @@
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep_ms, requeue, call = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9]
+local holder = ARGV[10] or ''
 local now, now_us = clock()
 
 -- A call whose request ended, or was taken over by a later call of the same
@@ -64,7 +65,7 @@ else
     redis.call('ZADD', K_QUEUE, int(ticket), token)
 end
 redis.call('HSET', K_WAITERS, token,
-    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call)
+    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call .. ' ' .. holder)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
 local granted = grant_next(now, now_us, doorbell, keep_ms, token, false)
