@@ -313,8 +313,9 @@ class FifoLock:
                 with the same ``token`` first.
             LockUsageError: ``token`` is already waiting in this process, or
                 names a request that already ended (a token names one request);
-                or this task already holds the lock or waits for it (locks are
-                not reentrant; see ``reentry``), before anything is sent.
+                or, with no ``timeout``, this task already holds the lock or
+                waits for it (locks are not reentrant, and it would wait for
+                itself for ever; see ``reentry``), before anything is sent.
             ValueError: for a bad ``timeout`` or ``token``.
 
         On cancellation the request is withdrawn (and a grant that landed
@@ -328,7 +329,7 @@ class FifoLock:
         given = None if token is None else check_token(token)
         token = given or secrets.token_hex(16)
         holder = holder_description()
-        claim = reentry.claim(self.keys, holder, given)
+        claim = reentry.claim(self.keys, holder, token=given, timeout=wait_s)
         try:
             loop = asyncio.get_running_loop()
             started = loop.time()

@@ -3,7 +3,10 @@
 A caller that holds a lock, or waits for it, and asks for the same lock again
 (same name and namespace) from the same flow of control would wait for itself
 for ever: the second request queues behind the first, which is never released.
-``claim()`` refuses that at once with ``LockUsageError``.
+``claim()`` refuses that at once with ``LockUsageError`` - when the second
+request has no timeout. One with a timeout cannot wait for ever: it keeps its
+meaning of old, waits, and ends in ``LockTimeout`` (unless the first lease is
+lost or forcibly released meanwhile).
 
 "The same flow of control" is what a ``ContextVar`` follows - the same thread,
 or the same asyncio task, and code its caller blocks on that carries the
@@ -89,7 +92,9 @@ def _another_task(mine: Claim, task: asyncio.Task[object] | None) -> bool:
     return other.get_loop() is task.get_loop()
 
 
-def claim(keys: LockKeys, holder: str, token: str | None = None) -> Claim:
+def claim(
+    keys: LockKeys, holder: str, *, token: str | None = None, timeout: float | None = None
+) -> Claim:
     """Record that this flow of control asks for lock ``keys``.
 
     Args:
@@ -98,17 +103,22 @@ def claim(keys: LockKeys, holder: str, token: str | None = None) -> Claim:
         token: the request token asked for (str), if the caller gave one: a
             retry of a request this flow already holds (same token) is not
             refused - Redis returns the same grant.
+        timeout: the request's timeout in seconds (float), None for none. Only
+            a request without one is refused: it would wait for ever, while a
+            timed one ends in ``LockTimeout`` as it always did (and is
+            recorded, so that an untimed request nested in it is refused).
 
     Returns:
         the ``Claim``; call ``granted()`` or ``failed()`` on it.
 
     Raises:
-        LockUsageError: this thread or task already holds the lock or waits
-            for it; the message names the lock and where it is held.
+        LockUsageError: ``timeout`` is None and this thread or task already
+            holds the lock or waits for it; the message names the lock and
+            where it is held.
     """
     task = _running_task()
     live = tuple(claim for claim in _claims.get() if claim.active)
-    for mine in live:
+    for mine in live if timeout is None else ():
         if mine.keys != keys:
             continue
         if token is not None and mine.lease is not None and mine.lease.token == token:

@@ -18,7 +18,7 @@ from .connection import check_url
 from .holder import current_caller, describing, holder_description
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
-from .lock import FifoLock, lock_settings
+from .lock import FifoLock, check_timeout, lock_settings
 from .portal import portal
 from .protocol import AsyncClient, LockKeys
 from .settings import check_name, check_namespace
@@ -101,7 +101,10 @@ class SyncFifoLock:
         """
         caller = current_caller()
         claim = reentry.claim(
-            LockKeys(self.name, self.namespace), holder_description(caller), token
+            LockKeys(self.name, self.namespace),
+            holder_description(caller),
+            token=token,
+            timeout=check_timeout(timeout),
         )
 
         async def run() -> Lease:

@@ -9,10 +9,13 @@ import pytest
 from asgiref.sync import async_to_sync
 from redis.asyncio import Redis
 
-from redis_fifo_lock import FifoLock, LockUsageError, LoopClients, SyncFifoLock
+from redis_fifo_lock import FifoLock, LockTimeout, LockUsageError, LoopClients, SyncFifoLock
 from tests.support.polling import until
 
 FAST = {"lease_ms": 2000, "poll_ms": 200}
+
+# Before the check, the refused calls below waited for ever.
+pytestmark = pytest.mark.timeout(60)
 
 
 async def test_a_task_asking_again_for_a_lock_it_holds_is_refused_at_once(
@@ -21,7 +24,7 @@ async def test_a_task_asking_again_for_a_lock_it_holds_is_refused_at_once(
     lock = FifoLock(aredis, "jobs", **FAST)
     async with lock.hold(timeout=5) as lease:
         with pytest.raises(LockUsageError) as info:
-            await FifoLock(aredis, "jobs").acquire(timeout=2)
+            await FifoLock(aredis, "jobs").acquire()
         assert (await lock.status()).waiting == 0
     message = str(info.value)
     assert message.startswith("FIFO lock 'jobs': already held (fence ")
@@ -91,13 +94,25 @@ async def test_the_same_task_may_take_the_lock_again_after_releasing_or_timing_o
         pass
 
 
+async def test_a_nested_request_with_a_timeout_still_times_out_as_it_always_did(
+    aredis: Redis,
+) -> None:
+    lock = FifoLock(aredis, "jobs", **FAST)
+    async with lock.hold(timeout=5) as lease:
+        with pytest.raises(LockTimeout) as info:
+            await lock.acquire(timeout=0.2)
+        assert info.value.holder_fence == lease.fence
+        with pytest.raises(LockUsageError, match="already held"):
+            await lock.acquire()
+
+
 def test_a_nested_sync_hold_of_the_same_lock_is_refused_in_the_caller_s_thread(
     redis_url: str,
 ) -> None:
     lock = SyncFifoLock(redis_url, "jobs", **FAST)
     with lock.hold(timeout=5) as lease:
         with pytest.raises(LockUsageError, match=r"already held \(fence \d+\) by thread"):
-            SyncFifoLock(redis_url, "jobs").acquire(timeout=2)
+            SyncFifoLock(redis_url, "jobs").acquire()
         assert lock.status().waiting == 0
     with lock.hold(timeout=5) as again:
         assert again.fence > lease.fence
@@ -107,7 +122,7 @@ def test_async_to_sync_inside_a_sync_hold_is_refused(redis_url: str) -> None:
     clients = LoopClients(redis_url)
 
     async def nested() -> None:
-        await FifoLock(clients, "jobs", **FAST).acquire(timeout=2)
+        await FifoLock(clients, "jobs", **FAST).acquire()
 
     with (
         SyncFifoLock(clients, "jobs", **FAST).hold(timeout=5),

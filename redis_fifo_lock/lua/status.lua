@@ -16,14 +16,19 @@ local held = current_grant() or {false, 0, 0, 0}
 held[5] = tonumber(redis.call('HGET', K_COUNTERS, 'fence')) or 0
 held[6] = redis.call('ZCARD', K_QUEUE)
 held[7] = redis.call('HGET', K_LEASE, 'holder') or ''
+-- Only commands every script already needs (see acl.py): no HVALS, no ZRANGEBYSCORE.
 local live_sessions = {}
-for _, session in ipairs(redis.call('ZRANGEBYSCORE', K_ALIVE, '(' .. clock(), '+inf')) do
+for _, session in ipairs(redis.call('ZRANGE', K_ALIVE, '(' .. clock(), '+inf', 'BYSCORE')) do
     live_sessions[session] = true
 end
 local live = 0
-for _, meta in ipairs(redis.call('HVALS', K_WAITERS)) do
-    if live_sessions[string.match(meta, '^(%S+)')] then
-        live = live + 1
+local tokens = redis.call('ZRANGE', K_QUEUE, 0, -1)
+for first = 1, #tokens, 1000 do
+    local metas = redis.call('HMGET', K_WAITERS, unpack(tokens, first, math.min(first + 999, #tokens)))
+    for _, meta in ipairs(metas) do
+        if meta and live_sessions[string.match(meta, '^(%S+)')] then
+            live = live + 1
+        end
     end
 end
 held[8] = live
