@@ -329,22 +329,22 @@ class FifoLock:
         given = None if token is None else check_token(token)
         token = given or secrets.token_hex(16)
         holder = holder_description()
-        claim = reentry.claim(self.keys, holder, token=given, timeout=wait_s)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = None if wait_s is None else started + wait_s
+        hub = hub_for(self.client)
+        group = hub.group(self.keys, self.settings, self._protocol)
+        waiter = group.join(token)
+        waiter.holder = holder
         try:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            deadline = None if wait_s is None else started + wait_s
-            hub = hub_for(self.client)
-            group = hub.group(self.keys, self.settings, self._protocol)
-            waiter = group.join(token)
-            waiter.holder = holder
+            claim = reentry.claim(self.keys, holder, token=given, timeout=wait_s)
             try:
                 lease = await self._acquire(hub, group, waiter, started, deadline)
-            finally:
-                group.leave(token)
-        except BaseException:
-            claim.failed()
-            raise
+            except BaseException:
+                claim.failed()
+                raise
+        finally:
+            group.leave(token)
         claim.granted(lease)
         if _cancelling():
             # Cancelled while the call that granted it was in flight, and the
@@ -444,10 +444,9 @@ class FifoLock:
         # it has as much slack as any lease at its first renewal; else a claim
         # re-arms it in one round trip.
         waited = time.monotonic() - dated
-        if (
-            grant.ticket != waiter.ticket
-            or waited >= min(self.settings.renew_every_s, grant.pttl_ms / 1000) / 2
-        ):
+        if grant.ticket != waiter.ticket or waited >= min(
+            self.settings.renew_every_s, grant.pttl_ms / 1000
+        ) / 2:
             return None
         return self._start_lease(hub, waiter, grant, dated)
 

@@ -41,3 +41,23 @@ async def async_increment(request: HttpRequest) -> JsonResponse:
         await cache.aset(COUNTER, value + 1)
         await sync_to_async(record.leave)("async", lease)
     return JsonResponse({"fence": lease.fence, "ticket": lease.ticket, "value": value + 1})
+
+
+def holder(request: HttpRequest) -> JsonResponse:
+    """What ``status()`` says of the holder while this sync view holds ``?lock=``."""
+    lock = cache.fifo_lock(request.GET["lock"], timeout=5)
+    with lock:
+        return JsonResponse({"holder": lock.status().holder})
+
+
+async def aholder(request: HttpRequest) -> JsonResponse:
+    """What ``astatus()`` says of the holder while this async view holds ``?lock=``."""
+    lock = cache.fifo_lock(request.GET["lock"], timeout=5)
+    async with lock:
+        return JsonResponse({"holder": (await lock.astatus()).holder})
+
+
+def nested(request: HttpRequest) -> JsonResponse:
+    """Take ``?lock=`` inside itself: refused with ``LockUsageError``."""
+    with cache.fifo_lock(request.GET["lock"]), cache.fifo_lock(request.GET["lock"]):
+        return JsonResponse({})
