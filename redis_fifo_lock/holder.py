@@ -54,13 +54,6 @@ def describing(caller: str) -> Iterator[None]:
         _caller.reset(token)
 
 
-def set_caller(caller: str) -> None:
-    """Describe the caller as ``caller`` (str; "" for nothing) from now on in this
-    context - for integrations whose start and end hooks cannot share a block,
-    such as Django's request signals. Prefer ``describing()`` elsewhere."""
-    _caller.set(bounded(caller))
-
-
 def current_caller() -> str:
     """What ``describing()`` says of the running context ("" outside any)."""
     return _caller.get()
