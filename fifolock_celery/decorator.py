@@ -28,7 +28,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
 from celery import Task
 from celery._state import get_current_task
 
-from redis_fifo_lock import LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock import LockTimeout, LockUsageError, SyncFifoLock, describing
 from redis_fifo_lock.lock import check_timeout
 
 from .clients import lock_for
@@ -236,7 +236,8 @@ def run_locked(
     lock = spec.lock(task, spec.name.format(args, kwargs, task.name))
     started = time.monotonic()
     try:
-        lease = acquire(lock, spec.timeout)
+        with describing(f"celery task {task.name}[{task.request.id}]"):
+            lease = acquire(lock, spec.timeout)
     except LockTimeout as busy:
         return contended(task, spec.policy, spec.countdown, busy)
     granted(task, spec.policy, lease, time.monotonic() - started)
@@ -310,7 +311,11 @@ def fifo_locked(
     lock is released when the body returns or raises anything, including the
     ``celery.exceptions.Retry`` raised by ``self.retry()`` (the retry waits its
     turn like any other execution). A task waiting for the lock occupies its
-    worker slot (process or thread) while it waits.
+    worker slot (process or thread) while it waits. The grant records
+    ``celery task <name>[<id>]`` as its holder (``LockStatus.holder``). Locks
+    are not reentrant: the body taking its own lock again (another locked task
+    run inline, or the core's lock without a timeout) raises ``LockUsageError``
+    at once.
 
     Args:
         name: the lock name (str), or a template whose ``{fields}`` name the
