@@ -24,7 +24,7 @@ if not held[1] or (fence ~= 0 and tonumber(held[2]) ~= fence) then
     return {0, tonumber(held[2]) or 0}
 end
 -- Recorded as lost (not released): the holder did not give it up.
-end_grant(held[1], held[3] or '-', ENDED_LOST, now, keep_ms)
-grant_next(now, now_us, doorbell, keep_ms, false, false)
+end_grant(held[3] or '-', ENDED_LOST, now)
+grant_next(now, now_us, doorbell, false, false)
 touch(keep_ms)
 return {1, tonumber(held[2]), held[4] or ''}
