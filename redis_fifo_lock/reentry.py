@@ -62,8 +62,12 @@ class Claim:
 
     @property
     def active(self) -> bool:
-        """True while the request waits or its lease is not yet released."""
-        return not self.ended and (self.lease is None or not self.lease.released)
+        """True while the request waits or its lease is held: not released, and
+        not lost (a lost lease - refused renewal, or expired after a release
+        that could not reach Redis - no longer keeps anyone out)."""
+        if self.ended:
+            return False
+        return self.lease is None or not (self.lease.released or self.lease.lost)
 
     def granted(self, lease: Lease) -> None:
         """The request was granted ``lease``: the claim lasts until it is released."""

@@ -129,3 +129,13 @@ def test_async_to_sync_inside_a_sync_hold_is_refused(redis_url: str) -> None:
         pytest.raises(LockUsageError, match="already held"),
     ):
         async_to_sync(nested)()
+
+
+async def test_a_lost_lease_no_longer_refuses_a_new_request_of_its_task(aredis: Redis) -> None:
+    lock = FifoLock(aredis, "jobs", **FAST)
+    lease = await lock.acquire()
+    assert await FifoLock(aredis, "jobs").force_release() == lease.fence
+    await asyncio.wait_for(lease.wait_lost(), 10)
+    again = await lock.acquire()
+    assert again.fence > lease.fence
+    await lock.release(again)
