@@ -14,6 +14,7 @@ or task name cannot bloat Redis or garble a terminal.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import unicodedata
@@ -64,5 +65,12 @@ def holder_description(caller: str | None = None) -> str:
     then ``caller`` (default: ``current_caller()``) when there is one, bounded
     (see ``bounded``)."""
     caller = current_caller() if caller is None else caller
-    where = f"{socket.gethostname()} pid {os.getpid()}"
+    where = _process(os.getpid())
     return bounded(f"{where}: {caller}" if caller else where)
+
+
+@functools.lru_cache(maxsize=4)
+def _process(pid: int) -> str:
+    """``"<host> pid <pid>"``, worked out once per process (a forked child has
+    its own pid, so its own entry)."""
+    return f"{socket.gethostname()} pid {pid}"
