@@ -44,6 +44,7 @@ what to check (the traceback only with ``--traceback``).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -325,7 +326,7 @@ class Command(BaseCommand):
 
 def _takes_itself(command: BaseCommand, lock: CacheFifoLock) -> bool:
     """Whether ``command``'s ``handle`` is a ``@fifo_locked_command`` of ``lock``."""
-    handle = type(command).__dict__.get("handle")
+    handle = inspect.getattr_static(type(command), "handle", None)
     if not isinstance(handle, LockedHandle):
         return False
     own = lock_cache(handle.cache).fifo_lock(handle.name)
