@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, LockTimeout, LockUsageError, LoopClients, SyncFifoLock
@@ -139,3 +139,12 @@ async def test_a_lost_lease_no_longer_refuses_a_new_request_of_its_task(aredis: 
     again = await lock.acquire()
     assert again.fence > lease.fence
     await lock.release(again)
+
+
+async def test_sync_to_async_inside_an_async_hold_is_refused(aredis: Redis, redis_url: str) -> None:
+    def nested() -> None:
+        SyncFifoLock(redis_url, "jobs", **FAST).acquire()
+
+    async with FifoLock(aredis, "jobs", **FAST).hold(timeout=5):
+        with pytest.raises(LockUsageError, match="already held"):
+            await sync_to_async(nested)()
