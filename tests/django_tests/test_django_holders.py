@@ -92,3 +92,15 @@ def test_fifolock_run_hands_its_lock_options_to_a_command_taking_the_same_lock(
         call_command("fifolock", "run", JOB_LOCK, "--no-wait", "--", "locked_job", "me")
     assert f"held by fence {held.fence}" in str(info.value)
     assert record.entries(redis) == []
+
+
+def test_fifolock_run_over_a_command_taking_the_lock_in_its_body_refuses_at_once(
+    counter_cache: Any,
+) -> None:
+    with pytest.raises(CommandError) as info:
+        call_command("fifolock", "run", "body", "--", "cache_locked_job", "body")
+
+    message = str(info.value)
+    assert message.startswith("cache_locked_job takes FIFO lock 'body' itself")
+    assert "already held (fence " in message
+    assert not counter_cache.fifo_lock("body").status().held

@@ -30,7 +30,8 @@ with fence N, so a lock that changed hands since you looked is left alone.
 existing management command is serialised across hosts without editing it. A
 COMMAND whose ``handle`` is decorated with ``@fifo_locked_command`` for the
 same lock takes the lock itself: it is run without taking it twice (which would
-wait for itself for ever). A wait that runs out exits with status 1 and a
+wait for itself for ever); one that takes it in its body is refused at once
+with a ``CommandError`` saying so. A wait that runs out exits with status 1 and a
 message naming the holder's fence; the command's own failure keeps its own exit
 status.
 
@@ -54,7 +55,7 @@ from django.core.management import call_command, get_commands, load_command_clas
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from redis_fifo_lock import LockError, LockStatus, LockTimeout, describing
+from redis_fifo_lock import LockError, LockStatus, LockTimeout, LockUsageError, describing
 from redis_fifo_lock.inventory import lock_names_sync
 
 from ...commands import LockedHandle, add_lock_arguments, busy_message, lock_timeout_option
@@ -291,7 +292,8 @@ class Command(BaseCommand):
         Raises:
             CommandError: unknown COMMAND (before any waiting), the wait ran out
                 (naming the holder's fence), Redis failed, the lease was lost
-                while the command ran, or the command's own error.
+                while the command ran, the command took the same lock itself, or
+                the command's own error.
         """
         name: str = options["command"]
         args: list[str] = list(options["command_args"])
@@ -319,6 +321,15 @@ class Command(BaseCommand):
             if options["verbosity"] >= 2:
                 self.stderr.write(f"fifolock: {lock.name!r} held with fence {lease.fence}")
             call_command(command, *args)
+        except LockUsageError as exc:
+            if exc.name != lock.name:
+                raise
+            # It took the lock held here itself, not through a decorator that
+            # could be seen beforehand: refused, not hung (see reentry).
+            raise CommandError(
+                f"{name} takes FIFO lock {options['name']!r} itself, and fifolock run "
+                f"already holds it; run it without fifolock run ({exc.message})"
+            ) from exc
         finally:
             with redis_errors(where):
                 lock.release(lease)
