@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import redis
 
 from . import reentry
+from .calls import call_ids
 from .clients import LoopClients, at_loop_close
 from .errors import (
     LeaseLost,
@@ -405,10 +406,10 @@ class FifoLock:
 
         # A new call each time the request joins the queue, so that a late copy
         # of the call that lost its place cannot bring it back later.
-        waiter.call = hub.call_ids.new(group.session)
-        sent = waiter.sending()
+        waiter.call = call_ids().new()
+        waiter.sending()
         try:
-            with hub.call_ids.in_flight(self.keys, waiter.call):
+            with call_ids().in_flight(self.keys, waiter.call):
                 grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
@@ -430,7 +431,7 @@ class FifoLock:
         group.holder_fence = holder_fence or None
         waiter.queued(ticket)
         if grant is not None:
-            return self._start_lease(hub, waiter, grant, sent)
+            return self._start_lease(hub, waiter, grant, waiter.sent_at)
         return None
 
     def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:
@@ -665,7 +666,7 @@ class FifoLock:
         hub = hub_for(self.client)
         session = hub.session_for(self.settings)
         try:
-            with hub.call_ids.in_flight(self.keys, lease.call):
+            with call_ids().in_flight(self.keys, lease.call):
                 async with hub.urgent:
                     sent = time.monotonic()
                     outcome, handover = await self._protocol.release(
@@ -676,7 +677,7 @@ class FifoLock:
                         self.settings.keep_ms,
                         lease.call,
                         session,
-                        hub.call_ids.floor(self.keys, session),
+                        call_ids().floor(self.keys),
                     )
         except BaseException:
             lease.releasing = False

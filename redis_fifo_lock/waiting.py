@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
-from .calls import UNKNOWN_CALL, CallIds
+from .calls import UNKNOWN_CALL, call_ids
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy
@@ -71,6 +71,8 @@ class Waiter:
             request joins the queue.
         ticket: its ticket (int) once the acquire script replied, else None.
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
+        sent_at: when (``time.monotonic()`` seconds) the latest acquire call
+            was sent (after waiting for a lane): a grant it made is younger.
         granted: a grant handed over by a release of this process (the reply to
             that release), with the moment (monotonic s) its lease may be dated
             from: when the release was sent, before Redis made the grant. None
@@ -84,16 +86,16 @@ class Waiter:
         self.call = UNKNOWN_CALL
         self.ticket: int | None = None
         self.queued_at: float | None = None
+        self.sent_at = 0.0
         self.granted: tuple[Grant, float] | None = None
         self.holder = ""
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
 
-    def sending(self) -> float:
-        """An acquire script call for this request is about to be sent: its ticket
-        is unknown until it replies. Returns the send time (monotonic s)."""
+    def sending(self) -> None:
+        """An acquire script call for this request is about to be made: its ticket
+        is unknown until it replies."""
         self.ticket = self.queued_at = None
-        return time.monotonic()
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
@@ -184,12 +186,13 @@ class WaitGroup:
         if waiter is not None:
             waiter.hint()
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
-            self.hub.withdraw(self, token, grant.ticket, UNKNOWN_CALL)
+            self.hub.withdraw(self, token, grant.ticket, grant.call or UNKNOWN_CALL)
 
     async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int]:
         """Run the acquire script for ``waiter``'s call (in flight, see
         ``CallIds.new``): (grant or None, ticket, holder fence)."""
         async with self.hub.calls:
+            waiter.sent_at = time.monotonic()
             return await self.protocol.acquire(
                 self.hub.client,
                 self.keys,
@@ -197,7 +200,7 @@ class WaitGroup:
                 self.session,
                 self.settings,
                 call=waiter.call,
-                floor=self.hub.call_ids.floor(self.keys, self.session),
+                floor=call_ids().floor(self.keys),
                 holder=waiter.holder,
             )
 
@@ -317,7 +320,6 @@ class Hub:
             groups' sessions.
         calls: the lane for enqueues, claims, polls, withdrawals and status reads.
         urgent: the lane for renewals and releases.
-        call_ids: this hub's acquire call ids and the floors sent with them.
         leases: the leases granted through this hub and not yet released, by
             lock keys and token (held weakly).
     """
@@ -329,12 +331,11 @@ class Hub:
         self.doorbell = Doorbell(self._client)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
-        self.call_ids = CallIds()
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
         self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
             weakref.WeakValueDictionary()
         )
-        self._withdrawals: dict[tuple[LockKeys, str], _Withdrawal] = {}
+        self._withdrawals: dict[tuple[LockKeys, str, str], _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
 
     @property
@@ -372,7 +373,7 @@ class Hub:
             waiter.hint()
         elif (keys, token) not in self.leases:
             owner = group or WaitGroup(self, keys, settings, protocol)
-            self.withdraw(owner, token, grant.ticket, UNKNOWN_CALL)
+            self.withdraw(owner, token, grant.ticket, grant.call or UNKNOWN_CALL)
 
     def group(self, keys: LockKeys, settings: LockSettings, protocol: Protocol) -> WaitGroup:
         """The wait group of this lock, created on first use."""
@@ -399,14 +400,14 @@ class Hub:
         ``RETRY_AFTER_ERROR_S`` while Redis does not answer, so that a request
         abandoned by an outage leaves the queue as soon as Redis is back.
         """
-        key = (group.keys, token)
+        key = (group.keys, token, call)
         pending = self._withdrawals.get(key)
         if pending is not None:
             return pending.done
         if len(self._withdrawals) >= MAX_WITHDRAWALS:
             oldest = next(iter(self._withdrawals))
             dropped = self._withdrawals.pop(oldest)
-            self.call_ids.leave(dropped.group.keys, dropped.call)
+            call_ids().leave(dropped.group.keys, dropped.call)
             dropped.done.cancel()
             log.warning(
                 "FIFO lock %r: more than %d withdrawals pending while Redis does not "
@@ -417,7 +418,7 @@ class Hub:
             )
         done = self.loop.create_future()
         self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
-        self.call_ids.enter(group.keys, call)
+        call_ids().enter(group.keys, call)
         if self._withdrawer is None or self._withdrawer.done():
             self._withdrawer = self.loop.create_task(self._withdraw_pending())
         return done
@@ -426,17 +427,23 @@ class Hub:
         """``token`` is asked for again (a retry after ``RedisUnavailable``): a
         withdrawal of its request not yet sent is dropped, so the new call takes
         the request over (and keeps its place); one already sent is waited for,
-        so that the new acquire reaches Redis after it."""
-        key = (keys, token)
-        pending = self._withdrawals.get(key)
-        if pending is None:
+        so that the new acquire reaches Redis after it. (A withdrawal still
+        unanswered after that names the call it withdraws, and leaves the
+        request alone once the new call took it over.)"""
+        if not self._withdrawals:
             return
-        if not pending.sending:
-            del self._withdrawals[key]
-            self.call_ids.leave(keys, pending.call)
-            pending.done.cancel()
-            return
-        await asyncio.wait({pending.done}, timeout=WITHDRAW_TRY_S)
+        waits = []
+        for key, pending in list(self._withdrawals.items()):
+            if key[0] != keys or key[1] != token:
+                continue
+            if not pending.sending:
+                del self._withdrawals[key]
+                call_ids().leave(keys, pending.call)
+                pending.done.cancel()
+            else:
+                waits.append(pending.done)
+        if waits:
+            await asyncio.wait(waits, timeout=WITHDRAW_TRY_S)
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
@@ -445,7 +452,7 @@ class Hub:
             for (key, withdrawal), done in zip(batch, results, strict=True):
                 if done and self._withdrawals.get(key) is withdrawal:
                     del self._withdrawals[key]
-                    self.call_ids.leave(withdrawal.group.keys, withdrawal.call)
+                    call_ids().leave(withdrawal.group.keys, withdrawal.call)
                     if not withdrawal.done.done():
                         withdrawal.done.set_result(None)
             if not all(results):
@@ -453,7 +460,8 @@ class Hub:
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
-        if self._withdrawals.get((group.keys, withdrawal.token)) is not withdrawal:
+        key = (group.keys, withdrawal.token, withdrawal.call)
+        if self._withdrawals.get(key) is not withdrawal:
             return True  # taken over by a retry of the same token meanwhile
         withdrawal.sending = True
         try:
@@ -467,7 +475,7 @@ class Hub:
                         group.session,
                         group.settings.keep_ms,
                         withdrawal.call,
-                        self.call_ids.floor(group.keys, group.session),
+                        call_ids().floor(group.keys),
                     ),
                     WITHDRAW_TRY_S,
                 )

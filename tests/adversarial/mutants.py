@@ -424,7 +424,7 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local granted = grant_next(now, now_us, doorbell, keep_ms, token, false)",
+                    "local granted = grant_next(now, now_us, doorbell, token, false)",
                     "local granted = nil\n"
                     "if redis.call('EXISTS', K_LEASE) == 0 then -- MUTANT grant-not-head\n"
                     "    redis.call('ZREM', K_QUEUE, token)\n"
@@ -621,8 +621,8 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local ticket = tonumber(redis.call('ZSCORE', K_QUEUE, token))",
-                    "local ticket = nil -- MUTANT acquire-not-idempotent",
+                    "local ticket = queued\n",
+                    "local ticket = nil -- MUTANT acquire-not-idempotent\n",
                 ),
             ),
         ),
