@@ -24,15 +24,17 @@ import logging
 import secrets
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
 from .calls import UNKNOWN_CALL, call_ids
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
-from .eviction import check_eviction_policy
+from .eviction import check_eviction_policy, eviction_policies
+from .loops import loop_context
 from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from .lease import Lease
 
 log = logging.getLogger("redis_fifo_lock")
+
+T = TypeVar("T")
 
 MAX_CONCURRENT_CALLS = 2
 """Enqueues, claims, polls, withdrawals and status calls one hub runs at once."""
@@ -191,10 +195,11 @@ class WaitGroup:
     async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int]:
         """Run the acquire script for ``waiter``'s call (in flight, see
         ``CallIds.new``): (grant or None, ticket, holder fence)."""
-        async with self.hub.calls:
-            waiter.sent_at = time.monotonic()
+
+        async def send(client: AsyncClient) -> tuple[Grant | None, int, int]:
+            waiter.sent_at = time.monotonic()  # once in the lane: its grant is younger
             return await self.protocol.acquire(
-                self.hub.client,
+                client,
                 self.keys,
                 waiter.token,
                 self.session,
@@ -204,12 +209,14 @@ class WaitGroup:
                 holder=waiter.holder,
             )
 
+        return await self.hub.run(self.hub.calls, send)
+
     async def claim(self, token: str, ticket: int) -> ClaimReply:
         """Run the claim script for request (token, ticket)."""
-        async with self.hub.calls:
-            return await self.protocol.claim(
-                self.hub.client, self.keys, token, ticket, self.settings
-            )
+        return await self.hub.run(
+            self.hub.calls,
+            lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
+        )
 
     async def _poll_loop(self) -> None:
         watching = await self._watch()
@@ -264,10 +271,10 @@ class WaitGroup:
         """One poll; returns seconds until the next one."""
         sent = time.monotonic()
         try:
-            async with self.hub.calls:
-                reply = await self.protocol.poll(
-                    self.hub.client, self.keys, self.session, self.settings
-                )
+            reply = await self.hub.run(
+                self.hub.calls,
+                lambda client: self.protocol.poll(client, self.keys, self.session, self.settings),
+            )
         except RedisUnavailable as exc:
             log.warning("FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause)
             # Never longer than a poll interval: the session's liveness (one
@@ -311,9 +318,9 @@ class _Withdrawal:
 class Hub:
     """Per-client (and so per event loop and process) state shared by all locks.
 
-    Holds its client weakly: the hub is stored in a WeakKeyDictionary keyed by
-    the client, and a strong reference back would keep every client (and its
-    event loop) alive forever, one per ``asyncio.run`` or ``async_to_sync``.
+    Holds its client weakly: the hub is stored in its loop's ``LoopContext``,
+    keyed weakly by the client, and a strong reference back would keep every
+    client alive as long as its loop, however long the loop runs.
 
     Attributes:
         session: this hub's liveness session id (str), the stem of its wait
@@ -464,21 +471,25 @@ class Hub:
         if self._withdrawals.get(key) is not withdrawal:
             return True  # taken over by a retry of the same token meanwhile
         withdrawal.sending = True
+
+        async def send(client: AsyncClient) -> int:
+            # Bounded once it has a slot: waiting for one is not a failure.
+            return await asyncio.wait_for(
+                group.protocol.withdraw(
+                    client,
+                    group.keys,
+                    withdrawal.token,
+                    withdrawal.ticket,
+                    group.session,
+                    group.settings.keep_ms,
+                    withdrawal.call,
+                    call_ids().floor(group.keys),
+                ),
+                WITHDRAW_TRY_S,
+            )
+
         try:
-            async with self.calls:
-                outcome = await asyncio.wait_for(
-                    group.protocol.withdraw(
-                        self.client,
-                        group.keys,
-                        withdrawal.token,
-                        withdrawal.ticket,
-                        group.session,
-                        group.settings.keep_ms,
-                        withdrawal.call,
-                        call_ids().floor(group.keys),
-                    ),
-                    WITHDRAW_TRY_S,
-                )
+            outcome = await self.run(self.calls, send)
         except RedisUnavailable as exc:
             withdrawal.sending = False
             if isinstance(exc.cause, NoPermissionError):
@@ -521,18 +532,27 @@ class Hub:
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
 
+    async def run(self, lane: asyncio.Semaphore, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        """Take a slot of ``lane`` (``calls`` or ``urgent``), then run
+        ``call(client)`` - a ``Protocol`` call on this hub's client - and return
+        its reply. The call is made once the slot is taken, so what it sends (a
+        floor, a send time) is read when it is sent. Raises what ``call`` raises."""
+        async with lane:
+            return await call(self.client)
+
     async def check_eviction_policy(self, name: str) -> None:
         """Warn (naming lock ``name``) if the server may evict keys: see
         ``redis_fifo_lock.eviction.check_eviction_policy``."""
-        await check_eviction_policy(self.client, name, self.calls)
-
-
-_hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
+        await check_eviction_policy(
+            self.client, name, lambda: self.run(self.calls, eviction_policies)
+        )
 
 
 def hub_for(client: AsyncClient) -> Hub:
-    """The hub of ``client`` on the running event loop."""
-    hub = _hubs.get(client)
-    if hub is None or hub.loop is not asyncio.get_running_loop():
-        hub = _hubs[client] = Hub(client)
+    """The hub of ``client`` on the running event loop, kept in the loop's
+    ``LoopContext`` and created on first use."""
+    hubs = loop_context().hubs
+    hub = hubs.get(client)
+    if hub is None:
+        hub = hubs[client] = Hub(client)
     return hub

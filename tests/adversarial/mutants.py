@@ -41,6 +41,7 @@ from redis_fifo_lock.protocol import (
     Protocol,
     Script,
 )
+from redis_fifo_lock.renewal import Renewal
 from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import Hub, Waiter, WaitGroup
 from tests.adversarial.actors import cancelling
@@ -601,7 +602,7 @@ MUTANTS: dict[str, Mutant] = {
             "no local deadline",
             lock_class=UnboundedRenewalLock,
             requires=(
-                (FifoLock._renew, "self._renew_once("),
+                (Renewal._run, "lock._renew_once("),
                 (Lease, "time.monotonic() >= self.expires_at"),
             ),
         ),

@@ -12,4 +12,5 @@ urlpatterns = [
     path("holder/", views.holder),
     path("aholder/", views.aholder),
     path("nested/", views.nested),
+    path("invoice/", views.issue_invoice),
 ]
