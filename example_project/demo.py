@@ -689,12 +689,12 @@ def check_lock_idle(rows: Sequence[report.Row]) -> report.Check:
 
     status = invoice_lock().sync_lock().status()
     last = max((row.fence for row in rows), default=0)
-    ok = not status.held and status.waiting == 0 and status.fence == last
+    ok = not status.held and status.waiting == 0 and status.last_fence == last
     return report.Check(
         "lock idle",
         ok,
         f"{status.name!r}: held={status.held}, waiting={status.waiting}, "
-        f"last fence {status.fence} (stored: {last})",
+        f"last fence {status.last_fence} (stored: {last})",
     )
 
 

@@ -1075,7 +1075,7 @@ async def _reply_lost(arena: Arena, held: bool, *, resent: bool) -> list[str]:
         nxt, token = seen["next"]
         problems += await arena.served(nxt, token, 5.0)
     status = await arena.lock(arena.admin).status()
-    if resent and not held and status.fence != seen.get("fence"):
+    if resent and not held and status.last_fence != seen.get("fence"):
         problems.append("the retried acquire was granted twice (the fence counter moved)")
     if status.held or status.waiting:
         problems.append(f"the lost request was left behind: {status}")
@@ -1657,7 +1657,7 @@ async def _unreachable(ctx: Context, name: str) -> list[str]:
     lease = await lock.acquire(timeout=2)
     await lock.release(lease)
     status = await lock.status()
-    if status.held or status.waiting or not status.fence:
+    if status.held or status.waiting or not status.last_fence:
         problems.append(f"AUTH: after the refused acquire the keys were not clean: {status}")
     await trusted.aclose()
     talker, port = await not_redis_server(answer=True)

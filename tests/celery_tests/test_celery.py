@@ -173,7 +173,7 @@ def test_an_exception_in_the_body_releases_the_lock(app: Celery, worker: Worker,
     # The result is stored after the body's release, so this is not a race.
     status = lock_for(app, f"fail-{key}").status()
     assert not status.held
-    assert status.fence == log.holds()[0].fence
+    assert status.last_fence == log.holds()[0].fence
 
 
 def test_current_lease_gives_the_fence_the_lock_granted(
@@ -182,7 +182,7 @@ def test_current_lease_gives_the_fence_the_lock_granted(
     fences = [get(tasks.pass_gate.delay(log.key, key)) for _ in range(2)]
 
     assert fences == [h.fence for h in log.holds()]
-    assert lock_for(app, f"gate-{key}").status().fence == fences[-1]
+    assert lock_for(app, f"gate-{key}").status().last_fence == fences[-1]
     assert fences[1] > fences[0]
 
 

@@ -311,7 +311,7 @@ def test_a_sentinel_cache_s_lock_excludes_threads_and_tasks_on_the_master(
 
     assert_one_at_a_time(record)
     lock = default.fifo_lock("job")
-    assert lock.status().fence == max(hold.fence for hold in record.holds())
+    assert lock.status().last_fence == max(hold.fence for hold in record.holds())
     master = sentinel_cache.master
     with Redis(master.host, master.port, db=5) as direct:
         assert direct.exists(LockKeys(lock.name, lock.namespace).key("counters")) == 1
@@ -361,7 +361,7 @@ def test_a_cluster_cache_s_lock_excludes_threads_and_tasks(
 
     assert_one_at_a_time(record)
     lock = caches["default"].fifo_lock("job")
-    assert lock.status().fence == max(hold.fence for hold in record.holds())
+    assert lock.status().last_fence == max(hold.fence for hold in record.holds())
     with RedisCluster.from_url(cluster_cache.url) as client:
         assert client.exists(LockKeys(lock.name, lock.namespace).key("counters")) == 1
 

@@ -141,7 +141,7 @@ def status_fields(name: str, cache: str | None, state: LockStatus) -> dict[str, 
     """The ``status --json`` object: ``name``, ``cache`` (None for
     ``FIFOLOCK['CACHE']``), ``redis_lock``, ``held`` (bool), ``holder_fence``,
     ``holder_ticket``, ``lease_left_ms`` (int ms; None when free), ``waiting``
-    (int) and ``fence`` (the last fence granted, int)."""
+    (int) and ``last_fence`` (the last fence granted, int)."""
     return {
         "name": name,
         "cache": cache,
@@ -151,7 +151,7 @@ def status_fields(name: str, cache: str | None, state: LockStatus) -> dict[str, 
         "holder_ticket": state.holder_ticket,
         "lease_left_ms": state.lease_left_ms,
         "waiting": state.waiting,
-        "fence": state.fence,
+        "last_fence": state.last_fence,
     }
 
 
@@ -168,6 +168,6 @@ def status_text(name: str, cache: str | None, state: LockStatus) -> str:
         ("held", held),
         ("lease left", lease),
         ("waiting", str(state.waiting)),
-        ("last fence", str(state.fence)),
+        ("last fence", str(state.last_fence)),
     ]
     return "\n".join(f"{label:<11} {value}" for label, value in lines)
