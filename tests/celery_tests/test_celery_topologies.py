@@ -23,13 +23,13 @@ from redis.cluster import RedisCluster
 from fifolock_celery import LockConfig, LockServer, fifo_locked, start_warnings
 from redis_fifo_lock import LockUsageError
 from redis_fifo_lock.protocol import LockKeys
-from redis_fifo_lock.testing import PrivateSentinelSetup
 from tests.celery_app import db_url
 from tests.celery_tests import topology_app as topology
 from tests.cluster.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
 from tests.sentinel.conftest import sentinel_setup  # noqa: F401  (fixture)
 from tests.support.celery_worker import RESULT_TIMEOUT_S, running_worker, unique
 from tests.support.record import Record, violations
+from tests.support.sentinel import PrivateSentinelSetup
 
 SENTINELS = "sentinel://:pw@s1.example:26379/4;sentinel://s2.example"
 HOLDS = 4

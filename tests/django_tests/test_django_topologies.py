@@ -28,10 +28,10 @@ from redis.cluster import RedisCluster
 from fifolock_django import builtin, cache
 from fifolock_django.connection import LockConnection
 from redis_fifo_lock.protocol import LockKeys
-from redis_fifo_lock.testing import PrivateSentinelSetup
 from tests.cluster.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
 from tests.sentinel.conftest import sentinel_setup  # noqa: F401  (fixture)
 from tests.support.record import Record, violations
+from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.filterwarnings("error")
 

@@ -29,7 +29,6 @@ import pytest
 from redis import Redis
 
 from redis_fifo_lock import Lease
-from redis_fifo_lock.testing import PrivateSentinelSetup
 from tests.sentinel.scene import (
     Scene,
     overlaps,
@@ -39,6 +38,7 @@ from tests.sentinel.scene import (
 )
 from tests.support.polling import until, until_sync
 from tests.support.record import Hold, Record, violations
+from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.sentinel
 

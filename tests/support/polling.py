@@ -14,19 +14,23 @@ from collections.abc import Awaitable, Callable
 DEADLINE_S = 20.0
 
 
-async def until(check: Callable[[], Awaitable[object]], what: str) -> None:
-    """Return once ``await check()`` is truthy; raise AssertionError after 20 s."""
-    deadline = time.monotonic() + DEADLINE_S
+async def until(
+    check: Callable[[], Awaitable[object]], what: str, timeout_s: float = DEADLINE_S
+) -> None:
+    """Return once ``await check()`` is truthy; raise AssertionError naming
+    ``what`` after ``timeout_s`` seconds (default 20)."""
+    deadline = time.monotonic() + timeout_s
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting until {what}")
         await asyncio.sleep(0.002)
 
 
-def until_sync(check: Callable[[], object], what: str) -> None:
-    """Return once ``check()`` is truthy; raise AssertionError after 20 s."""
-    deadline = time.monotonic() + DEADLINE_S
+def until_sync(check: Callable[[], object], what: str, timeout_s: float = DEADLINE_S) -> None:
+    """Return once ``check()`` is truthy; raise AssertionError naming ``what``
+    after ``timeout_s`` seconds (default 20)."""
+    deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting until {what}")
         time.sleep(0.002)
