@@ -113,7 +113,7 @@ def test_a_session_stopped_with_sigterm_leaves_no_server_or_worker_behind(
         import threading
         from pathlib import Path
 
-        from tests import celery_app as tasks
+        from tests.celery_tests import celery_app as tasks
         from tests.support.celery_worker import running_worker
 
 

@@ -2,7 +2,7 @@
 
 Against a lone server (no replica can acknowledge) and a master with one
 replica, both real servers; what it buys across a Sentinel failover is in
-``tests/sentinel/test_failover.py``.
+``tests/sentinel_tests/test_failover.py``.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ acquire script (the request's ticket), which the lock does not expose.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,9 +41,9 @@ RETRY_PAUSE_S = 0.2
 """Back-off between retries of a call that found Redis unavailable, in seconds."""
 
 
-
 REPEAT_TRIES = 5
 """How often a repeated release is sent while Redis cannot be reached."""
+
 
 class RecordingProtocol(Protocol):
     """Delegates to ``inner``; records every reply of the acquire script, and every
@@ -355,3 +356,19 @@ async def watch_lag(faults: Record, threshold_s: float) -> None:
         lag = loop.time() - before - step
         if lag > threshold_s:
             faults.fault("lag", f"{round(lag * 1000)}ms")
+
+
+async def hold_and_release(
+    actor: Actor,
+    lock: FifoLock,
+    lease: Any,
+    max_ms: float,
+    until: Callable[[], Awaitable[Any]] | None = None,
+) -> str:
+    """Hold until the lease is lost (at most ``max_ms``), then release - after
+    ``await until()``, if given; returns the release's outcome."""
+    await actor.hold(lease, max_ms / 1000)
+    if until is not None:
+        with contextlib.suppress(AssertionError):
+            await until()  # the release is late on purpose
+    return await actor.release(lock, lease, Plan(0, repeat_release=True))

@@ -1,9 +1,9 @@
 """``@fifo_locked`` and ``FifoLockedTask`` in a real worker, on every pool.
 
-Each pool gets a ``celery -A tests.celery_app worker`` subprocess of its own
+Each pool gets a ``celery -A tests.celery_tests.celery_app worker`` subprocess of its own
 (concurrency 4), against the session's Redis: prefork (real child processes),
 threads and solo, plus gevent and eventlet when they are installed. The tasks
-(``tests/celery_app.py``) write enter/exit entries to a record kept apart from
+(``tests/celery_tests/celery_app.py``) write enter/exit entries to a record kept apart from
 the lock, and the tests check the record: no two holds of one lock overlap,
 fences increase in entry order, different lock names do run at once (where the
 pool runs tasks at once).
@@ -23,7 +23,7 @@ from celery.result import AsyncResult
 
 from fifolock_celery import lock_for
 from redis_fifo_lock import LockTimeout, NotReplicated
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import (
     RESULT_TIMEOUT_S,
     Log,
@@ -72,7 +72,12 @@ def test_same_invoice_tasks_take_turns_while_different_invoices_overlap(
         results.append((a, tasks.hold_invoice.delay(log.key, a)))
         results.append((b, tasks.hold_invoice.apply_async((log.key,), {"invoice_id": b})))
         results.append(
-            (a, app.send_task("tests.celery_app.hold_invoice", [log.key, a, tasks.HOLD_MS]))
+            (
+                a,
+                app.send_task(
+                    "tests.celery_tests.celery_app.hold_invoice", [log.key, a, tasks.HOLD_MS]
+                ),
+            )
         )
         results.append((b, tasks.hold_invoice.delay(log.key, invoice_id=b, hold_ms=tasks.HOLD_MS)))
 
@@ -90,7 +95,7 @@ def test_same_invoice_tasks_take_turns_while_different_invoices_overlap(
     assert overlapped == concurrent(worker), "different invoices ran at once only if they can"
     if worker.pool == "prefork":
         # The main process took a lock before the pool forked (worker_init in
-        # tests/celery_app.py): children that reused its portal thread or
+        # tests/celery_tests/celery_app.py): children that reused its portal thread or
         # clients would hang instead of getting here.
         assert worker.warmed_up_in == worker.main_pid
         assert len({h.pid for h in holds}) >= 2
@@ -108,7 +113,8 @@ def test_every_way_of_declaring_and_calling_gives_one_lock_and_takes_turns(
         tasks.hold_invoice.delay(log.key, invoice),  # @fifo_locked, bind=True
         tasks.hold_invoice_by_base.delay(log.key, invoice),  # base=FifoLockedTask
         app.send_task(
-            "tests.celery_app.hold_invoice_by_base", kwargs={"log": log.key, "invoice_id": invoice}
+            "tests.celery_tests.celery_app.hold_invoice_by_base",
+            kwargs={"log": log.key, "invoice_id": invoice},
         ),
         tasks.hold_region.delay(log.key, invoice),  # default omitted ...
         tasks.hold_region.delay(log.key, invoice, "eu"),  # ... given positionally
@@ -232,6 +238,7 @@ def test_the_worker_warns_at_start_about_a_time_limit_beyond_max_hold(
 
     assert [r["level"] for r in ours] == ["WARNING"]
     assert ours[0]["message"].startswith(
-        "task tests.celery_app.limited_beyond_max_hold: its time_limit is 30 s but its FIFO "
+        "task tests.celery_tests.celery_app.limited_beyond_max_hold: its time_limit is 30 s "
+        "but its FIFO "
         "lock may be held for at most max_hold_ms=5000 ms;"
     )

@@ -44,7 +44,7 @@ from redis_fifo_lock import (
     NotReplicated,
     RedisUnavailable,
 )
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import ROOT, Log, assert_serial, unique
 
 # -- settings, decoration rules, outside a worker ------------------------------
@@ -570,7 +570,7 @@ def warnings_about(app: Celery) -> list[str]:
     """``start_warnings(app)`` about the tasks of ``checked_app`` (named ``t.*``).
 
     Every app also gets the tasks other modules declared with the default
-    ``shared=True`` (those of ``tests.celery_app`` among them).
+    ``shared=True`` (those of ``tests.celery_tests.celery_app`` among them).
     """
     return [message for message in start_warnings(app) if message.startswith("task t.")]
 

@@ -20,7 +20,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from fifolock_celery import lock_for
 from redis_fifo_lock import LeaseLost
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, running_worker
 from tests.support.polling import until_sync
 

@@ -2,7 +2,7 @@
 
 The test process holds the task's lock by hand (``lock_for(...).hold()``) to
 make it busy, and reads the worker's log records from the record (see
-``tests/celery_app.py``): every outcome must leave one.
+``tests/celery_tests/celery_app.py``): every outcome must leave one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from celery import Celery, states
 
 from fifolock_celery import CONTENTION_HEADER, SKIPPED, lock_for
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, assert_serial, running_worker
 from tests.support.polling import until_sync
 

@@ -3,7 +3,7 @@
 The translation of ``LOCATION`` and ``OPTIONS`` runs everywhere (no server).
 The tests marked ``sentinel`` and ``cluster`` run the lock against a real
 master, replica and three sentinels, or a real three-master cluster (started
-by the fixtures of ``tests/sentinel`` and ``tests/cluster``): run them with
+by the fixtures of ``tests/sentinel_tests`` and ``tests/cluster_tests``): run them with
 ``-m sentinel`` / ``-m cluster``. Exclusion is judged from a record file kept
 apart from the lock's keys (``tests.support.record``).
 """
@@ -28,8 +28,8 @@ from redis.cluster import RedisCluster
 from fifolock_django import builtin, cache
 from fifolock_django.connection import LockConnection
 from redis_fifo_lock.protocol import LockKeys
-from tests.cluster.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
-from tests.sentinel.conftest import sentinel_setup  # noqa: F401  (fixture)
+from tests.cluster_tests.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
+from tests.sentinel_tests.conftest import sentinel_setup  # noqa: F401  (fixture)
 from tests.support.record import Record, violations
 from tests.support.sentinel import PrivateSentinelSetup
 

@@ -1,11 +1,11 @@
 """Real Celery workers for the tests, and the record their tasks keep.
 
-``running_worker`` starts ``celery -A tests.celery_app worker`` (or another
+``running_worker`` starts ``celery -A tests.celery_tests.celery_app worker`` (or another
 app module) as a subprocess in a session of its own, counts it as started only once a ping task has
 round-tripped through that very worker, and stops it with a bounded warm
 shutdown that fails loudly (naming the knob to raise) and leaves no process
 behind. ``Log`` reads what the tasks wrote to the record (see
-``tests/celery_app.py``); ``assert_serial`` checks it.
+``tests/celery_tests/celery_app.py``); ``assert_serial`` checks it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from celery import Task
 from celery.exceptions import TimeoutError as ResultTimeout
 from redis import Redis
 
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_START_TIMEOUT_S = 30.0
@@ -101,11 +101,11 @@ def running_worker(
     concurrency: int = CONCURRENCY,
     profile: str = "",
     queue: str | None = None,
-    app: str = "tests.celery_app",
+    app: str = "tests.celery_tests.celery_app",
     ping: Task[Any, Any] | None = None,
     env: dict[str, str] | None = None,
 ) -> Iterator[Worker]:
-    """A started worker of ``tests.celery_app``, stopped when the block ends.
+    """A started worker of ``tests.celery_tests.celery_app``, stopped when the block ends.
 
     Args:
         base_url: the Redis server (str URL) of the tests (see ``tasks.configure``).
@@ -115,9 +115,9 @@ def running_worker(
         profile: ``$FIFOLOCK_CELERY_PROFILE`` (str) of the worker; default "".
         queue: the queue (str) to send the readiness ping to; default: the
             app's default queue.
-        app: the ``-A`` module (str) of the worker; default ``tests.celery_app``.
+        app: the ``-A`` module (str) of the worker; default ``tests.celery_tests.celery_app``.
         ping: the readiness probe task of that app, answering like
-            ``tests.celery_app.ping``; default that task.
+            ``tests.celery_tests.celery_app.ping``; default that task.
         env: extra environment variables (str to str) of the worker.
     """
     hostname = f"fifolock-{pool}-{uuid.uuid4().hex[:8]}@localhost"
@@ -201,7 +201,7 @@ class Hold:
 
 
 class Log:
-    """The record of one test, in the record database (see tests/celery_app.py)."""
+    """The record of one test, in the record database (see tests/celery_tests/celery_app.py)."""
 
     def __init__(self, client: Redis, key: str) -> None:
         self.client = client

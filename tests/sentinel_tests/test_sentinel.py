@@ -22,7 +22,7 @@ import pytest
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
-from tests.sentinel.conftest import close_master_client, master_client, sentinel_url
+from tests.sentinel_tests.conftest import close_master_client, master_client, sentinel_url
 from tests.support.polling import until
 from tests.support.processes import (
     ROOT,

@@ -29,7 +29,7 @@ import pytest
 from redis import Redis
 
 from redis_fifo_lock import Lease
-from tests.sentinel.scene import (
+from tests.sentinel_tests.scene import (
     Scene,
     overlaps,
     queue_length,
