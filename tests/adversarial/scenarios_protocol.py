@@ -19,9 +19,8 @@ from tests.adversarial.registry import (
     outcome,
     scenario,
 )
-from tests.adversarial.replay import tapped
 from tests.support.record import read_lines
-from tests.support.replay import reply_code
+from tests.support.replay import reply_code, script_calls
 
 
 def _ticket_of(arena: Arena, token: str) -> int:
@@ -150,8 +149,9 @@ async def _release_replayed(arena: Arena) -> list[str]:
     """A release re-sent after many other grants is recognised as already done."""
     lock_a, actor_a, lease_a = await arena.enter("a")
     actor_a.record.exit(lease_a)
-    with tapped("release", lease_a.token) as calls:
+    with script_calls() as recorded:
         first = await actor_a.release(lock_a, lease_a, Plan(0))
+    calls = recorded.since(0, mentioning=lease_a.token, script="release")
     if len(calls) != 1:
         return [f"captured {len(calls)} release calls, expected 1"]
     lock_b, actor_b = arena.contender("b")
@@ -175,8 +175,13 @@ async def _renew_replayed(arena: Arena) -> list[str]:
     """A renewal of a released lease, arriving late while the next holder is inside:
     Redis refuses it, and the new holder's lease is not touched."""
     lock_a, actor_a, lease_a = await arena.enter("a")
-    with tapped("renew", lease_a.token) as calls:
-        await arena.until(lambda: calls, "a renewed its lease", 5)
+    with script_calls() as recorded:
+        await arena.until(
+            lambda: recorded.since(0, mentioning=lease_a.token, script="renew"),
+            "a renewed its lease",
+            5,
+        )
+    calls = recorded.since(0, mentioning=lease_a.token, script="renew")
     await arena.leave(lock_a, actor_a, lease_a)
     holder_b = await arena.enter("b")
     reply = await calls[0].replay()
