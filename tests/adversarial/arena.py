@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from redis.asyncio import Redis
@@ -232,3 +232,22 @@ class LoopThread:
         await asyncio.get_running_loop().run_in_executor(None, self.thread.join, 5)
         if not self.thread.is_alive():
             self.loop.close()
+
+
+async def in_fresh_arena(
+    arena: Arena, case: Callable[[Arena], Awaitable[list[str]]], *, load_scripts: bool = True
+) -> list[str]:
+    """Run ``case`` in a new ``arena`` (its scripts loaded first unless
+    ``load_scripts`` is false), then check the arena's end state, and close it.
+
+    Returns:
+        The case's findings and the end-state check's, in that order.
+    """
+    try:
+        if load_scripts:
+            await arena.load_scripts()
+        found = await case(arena)
+        found += await arena.consistent()
+    finally:
+        await arena.close()
+    return found

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.adversarial.actors import Actor, Plan
-from tests.adversarial.arena import Arena
+from tests.adversarial.arena import Arena, in_fresh_arena
 from tests.adversarial.faults import kill_connections
 from tests.adversarial.registry import (
     LEASE_MS,
@@ -153,13 +154,10 @@ async def same_token_retry(ctx: Context) -> Outcome:
     server = ctx.servers()
     problems: list[str] = []
     for label, held in (("queued", True), ("granted", False)):
-        arena = Arena(ctx, server.url, f"retry-{label}")
-        try:
-            await arena.load_scripts()
-            found = await _reply_lost(arena, held=held, resent=False)
-            found += await arena.consistent()
-        finally:
-            await arena.close()
+        found = await in_fresh_arena(
+            Arena(ctx, server.url, f"retry-{label}"),
+            partial(_reply_lost, held=held, resent=False),
+        )
         problems += [f"{label}: {problem}" for problem in found]
     return outcome(ctx, "same-token-retry", problems)
 
@@ -186,13 +184,9 @@ async def _connection_killed(ctx: Context, name: str, waiting_lease_ms: int) -> 
     if name.endswith("short-lease"):
         del cases["queued"], cases["granted"]
     for label, (case, lease_ms) in cases.items():
-        arena = Arena(ctx, server.url, f"killed-{label}", lease_ms=lease_ms)
-        try:
-            await arena.load_scripts()
-            found = await case(arena)
-            found += await arena.consistent()
-        finally:
-            await arena.close()
+        found = await in_fresh_arena(
+            Arena(ctx, server.url, f"killed-{label}", lease_ms=lease_ms), case
+        )
         problems += [f"{label}: {problem}" for problem in found]
     return outcome(ctx, name, problems)
 

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.adversarial.actors import Actor, Plan
-from tests.adversarial.arena import Arena, LoopThread
+from tests.adversarial.arena import Arena, LoopThread, in_fresh_arena
 from tests.adversarial.clients import make_client
 from tests.adversarial.faults import KEY_PARTS, kill_connections
 from tests.adversarial.registry import (
@@ -130,12 +130,7 @@ async def ring_read_late(ctx: Context) -> Outcome:
         arena = Arena(
             ctx, server.url, f"ring-{label}", lease_ms=RING_LEASE_MS, poll_ms=RING_POLL_MS
         )
-        try:
-            await arena.load_scripts()
-            found = await case(arena)
-            found += await arena.consistent()
-        finally:
-            await arena.close()
+        found = await in_fresh_arena(arena, case)
         problems += [f"{label}: {problem}" for problem in found]
     return outcome(ctx, "ring-read-late", problems)
 
@@ -249,15 +244,12 @@ async def late_replays(ctx: Context) -> Outcome:
     }
     for label, case in cases.items():
         for attempt in range(3):
-            arena = Arena(ctx, server.url, f"replay-{label}-{attempt}")
             try:
-                await arena.load_scripts()
-                found = await case(arena)
-                found += await arena.consistent()
+                found = await in_fresh_arena(
+                    Arena(ctx, server.url, f"replay-{label}-{attempt}"), case
+                )
             except NotStaged:
                 continue  # the schedule did not happen as planned: stage it again
-            finally:
-                await arena.close()
             problems += [f"{label}: {problem}" for problem in found]
             break
         else:
@@ -345,13 +337,9 @@ async def abandoned_requests(ctx: Context) -> Outcome:
     problems: list[str] = []
     cases = {"queued": _abandoned_queued, "granted": _abandoned_granted}
     for label, case in cases.items():
-        arena = Arena(ctx, server.url, f"abandoned-{label}", lease_ms=ABANDON_LEASE_MS)
-        try:
-            await arena.load_scripts()
-            found = await case(arena)
-            found += await arena.consistent()
-        finally:
-            await arena.close()
+        found = await in_fresh_arena(
+            Arena(ctx, server.url, f"abandoned-{label}", lease_ms=ABANDON_LEASE_MS), case
+        )
         problems += [f"{label}: {problem}" for problem in found]
     return outcome(ctx, "abandoned-requests", problems, handoff_ms=ABANDON_BOUND_S * 1000)
 

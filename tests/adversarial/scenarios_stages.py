@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tests.adversarial.actors import Plan
-from tests.adversarial.arena import Arena, cancel_and_record
+from tests.adversarial.arena import Arena, cancel_and_record, in_fresh_arena
 from tests.adversarial.clients import StagedRedis
 from tests.adversarial.registry import (
     Context,
@@ -297,13 +297,10 @@ async def cancel_stages(ctx: Context) -> Outcome:
         label = stage.__name__.removeprefix("stage_").replace("_", "-")
         # The policy check runs once per server and process: that stage needs a new one.
         url = ctx.servers().url if stage is stage_policy_check else server.url
-        arena = Arena(ctx, url, f"cancel-{label}", lease_ms=STAGE_LEASE_MS)
-        try:
-            if stage is not stage_policy_check:
-                await arena.load_scripts()
-            found = await stage(arena)
-            found += await arena.consistent()
-        finally:
-            await arena.close()
+        found = await in_fresh_arena(
+            Arena(ctx, url, f"cancel-{label}", lease_ms=STAGE_LEASE_MS),
+            stage,
+            load_scripts=stage is not stage_policy_check,
+        )
         problems += [f"{label}: {problem}" for problem in found]
     return outcome(ctx, "cancel-stages", problems, handoff_ms=STAGE_BOUND_S * 1000)
