@@ -15,29 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.polling import until_sync
+from tests.support.processes import alive, group_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 
 INNER_SESSION_S = 60.0
 """Seconds the inner session may take to start its processes, and again to end."""
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of process group ``pgid`` still exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -140,18 +123,18 @@ def test_a_session_stopped_with_sigterm_leaves_no_server_or_worker_behind(
         out, _ = session.communicate(timeout=INNER_SESSION_S)
         survivors = [
             name
-            for name, alive in (
-                (f"redis-server (pid {server_pid})", _alive(server_pid)),
-                (f"celery worker (group {worker_pid})", _group_alive(worker_pid)),
+            for name, running in (
+                (f"redis-server (pid {server_pid})", alive(server_pid)),
+                (f"celery worker (group {worker_pid})", group_alive(worker_pid)),
             )
-            if alive
+            if running
         ]
         assert survivors == [], f"left behind: {survivors}; the session said:\n{out}"
     finally:
         if session.poll() is None:
             session.kill()
             session.communicate()
-        if server_pid and _alive(server_pid):
+        if server_pid and alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
-        if worker_pid and _group_alive(worker_pid):
+        if worker_pid and group_alive(worker_pid):
             os.killpg(worker_pid, signal.SIGKILL)

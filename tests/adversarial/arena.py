@@ -24,6 +24,7 @@ from tests.adversarial.registry import (
     Context,
     T,
 )
+from tests.support.polling import until
 from tests.support.record import Record, read_lines
 
 
@@ -100,16 +101,7 @@ class Arena:
     async def until(self, check: Callable[[], Any], what: str, timeout_s: float = 10) -> Any:
         """Re-check ``check`` (record or Redis state) until truthy; AssertionError after
         ``timeout_s`` seconds. There is no event for state another session made."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = check()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s:g} s waiting until {what}")
-            await asyncio.sleep(0.002)
+        return await until(check, what, timeout_s)
 
     async def in_queue(self, token: str) -> bool:
         """Whether Redis has ``token`` queued (read only to synchronise the test)."""

@@ -30,6 +30,7 @@ from celery.exceptions import TimeoutError as ResultTimeout
 from redis import Redis
 
 from tests.celery_tests import celery_app as tasks
+from tests.support.processes import group_alive
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_START_TIMEOUT_S = 30.0
@@ -61,14 +62,6 @@ class Worker:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _stop(worker: Worker) -> None:
     """Warm shutdown with a bound; fails loudly, and leaves no process behind."""
     process = worker.process
@@ -78,11 +71,11 @@ def _stop(worker: Worker) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=WORKER_STOP_TIMEOUT_S)
     # Its pool's children may outlive it by a moment; nothing signals their end.
-    while _group_alive(process.pid) and time.monotonic() < deadline:
+    while group_alive(process.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if process.returncode == 0 and not _group_alive(process.pid):
+    if process.returncode == 0 and not group_alive(process.pid):
         return
-    if _group_alive(process.pid):
+    if group_alive(process.pid):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=5)
     pytest.fail(

@@ -11,6 +11,7 @@ contender's connection arguments (e.g. ``["--cluster", "--url", url]``).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,24 @@ from tests.support.polling import until
 from tests.support.record import Record, violations
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a zombie counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def contender(connection: Sequence[str], record: Path, *args: str) -> subprocess.Popen[str]:

@@ -138,7 +138,7 @@ class PrivateSentinelSetup:
             )
         )
         until_sync(
-            functools.partial(_replica_synced, restarted),
+            functools.partial(replica_synced, restarted),
             f"the restarted server on port {server.port} is in sync",
             timeout_s=self._startup_timeout,
         )
@@ -150,7 +150,7 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _replica_synced(server: PrivateRedis) -> bool:
+def replica_synced(server: PrivateRedis) -> bool:
     """Whether ``server`` is a replica whose link to its master is up (not
     when it does not answer)."""
     try:
@@ -259,7 +259,7 @@ def private_sentinel_setup(
         )
         for follower in followers:
             until_sync(
-                functools.partial(_replica_synced, follower),
+                functools.partial(replica_synced, follower),
                 f"replica on port {follower.port} is in sync",
                 timeout_s=startup_timeout,
             )
