@@ -205,7 +205,9 @@ class AbandoningLock(FifoLock):
         requeue: bool,
     ) -> Lease | None:
         forgetful: Any = _ForgetfulHub(hub)
-        return await super()._enqueue(forgetful, group, waiter, started, deadline, requeue=requeue)
+        return await super()._enqueue(
+            forgetful, group, waiter, started, deadline, requeue=requeue
+        )
 
 
 class DoorbellOnlyGroup(WaitGroup):
@@ -261,7 +263,7 @@ class SplitGrantProtocol(Protocol):
         super().__init__(**overrides)
         body = (
             "\nlocal now, now_us = clock()\n"
-            "local g = grant_next(now, now_us, ARGV[1], tonumber(ARGV[2]), ARGV[3], false)\n"
+            "local g = grant_next(now, now_us, ARGV[1], ARGV[3], false)\n"
             "touch(tonumber(ARGV[2]))\n"
             "if g then return g end\nreturn false\n"
         )
@@ -410,9 +412,9 @@ MUTANTS: dict[str, Mutant] = {
             "the grant is a read round trip (is it free?) then a write round trip (grant)",
             lua=(
                 _all(
-                    "local function grant_next(now, now_us, doorbell, keep_ms, caller_token, "
+                    "local function grant_next(now, now_us, doorbell, caller_token, "
                     "caller_session)\n",
-                    "local function grant_next(now, now_us, doorbell, keep_ms, caller_token, "
+                    "local function grant_next(now, now_us, doorbell, caller_token, "
                     "caller_session)\n"
                     "    do return nil end -- MUTANT split-grant: granted from Python\n",
                 ),
@@ -505,12 +507,24 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "history-by-count",
-            "the record of finished requests keeps the last 64 by rank, not by age",
+            "the record of finished requests keeps the last 64 entries, not those "
+            "their processes still speak of",
             lua=(
                 _all(
-                    "redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', "
-                    "'(' .. int((now - keep_ms) * 4))",
-                    "redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, -65) -- MUTANT",
+                    "    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)\n",
+                    "    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)\n"
+                    "    redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, -65) -- MUTANT\n",
+                ),
+            ),
+        ),
+        Mutant(
+            "floor-ignored",
+            "records below a session's floor are dropped, but a late copy of a call "
+            "below the floor is not refused: it queues an ended request again",
+            lua=(
+                _all(
+                    "    if floor and seq < floor[1] then\n",
+                    "    if false then -- MUTANT floor-ignored\n",
                 ),
             ),
         ),
