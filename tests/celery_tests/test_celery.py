@@ -28,10 +28,10 @@ from tests.support.celery_worker import (
     RESULT_TIMEOUT_S,
     Log,
     Worker,
-    assert_serial,
     running_worker,
     unique,
 )
+from tests.support.record import violations
 
 
 def pool(name: str) -> Any:
@@ -89,7 +89,7 @@ def test_same_invoice_tasks_take_turns_while_different_invoices_overlap(
     by_lock = {lock: [h for h in holds if h.lock == lock] for lock in {h.lock for h in holds}}
     assert sorted(len(group) for group in by_lock.values()) == [6, 6]
     for group in by_lock.values():
-        assert_serial(group)
+        assert violations(group) == []
     first, second = by_lock.values()
     overlapped = any(x.overlaps(y) for x in first for y in second)
     assert overlapped == concurrent(worker), "different invoices ran at once only if they can"
@@ -130,7 +130,7 @@ def test_every_way_of_declaring_and_calling_gives_one_lock_and_takes_turns(
     )
     holds = log.holds()
     for lock in set(names):
-        assert_serial([h for h in holds if h.lock == lock])
+        assert violations([h for h in holds if h.lock == lock]) == []
 
 
 def test_two_executions_of_one_task_id_take_turns(worker: Worker, log: Log) -> None:
@@ -142,7 +142,7 @@ def test_two_executions_of_one_task_id_take_turns(worker: Worker, log: Log) -> N
 
     holds = log.holds()
     assert [h.task_id for h in holds] == [task_id, task_id]
-    assert_serial(holds)
+    assert violations(holds) == []
 
 
 def test_self_retry_inside_the_body_releases_and_the_retry_gets_the_lock(
@@ -152,7 +152,7 @@ def test_self_retry_inside_the_body_releases_and_the_retry_gets_the_lock(
 
     holds = log.holds()
     assert [h.retries for h in holds] == [0, 1]
-    assert_serial(holds)
+    assert violations(holds) == []
     assert fence == holds[1].fence
 
 
@@ -166,7 +166,7 @@ def test_autoretry_for_releases_before_its_retry_takes_the_same_lock(
     holds = log.holds()
     assert name == f"auto-{key}" and {h.lock for h in holds} == {name}
     assert [h.retries for h in holds] == [0, 1]
-    assert_serial(holds)
+    assert violations(holds) == []
 
 
 def test_an_exception_in_the_body_releases_the_lock(app: Celery, worker: Worker, log: Log) -> None:
