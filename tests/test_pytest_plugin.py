@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.polling import until_sync
-from tests.support.processes import alive, group_alive
+from tests.support.processes import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,7 +125,7 @@ def test_a_session_stopped_with_sigterm_leaves_no_server_or_worker_behind(
             name
             for name, running in (
                 (f"redis-server (pid {server_pid})", alive(server_pid)),
-                (f"celery worker (group {worker_pid})", group_alive(worker_pid)),
+                (f"celery worker (group {worker_pid})", alive(worker_pid, group=True)),
             )
             if running
         ]
@@ -136,5 +136,5 @@ def test_a_session_stopped_with_sigterm_leaves_no_server_or_worker_behind(
             session.communicate()
         if server_pid and alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
-        if worker_pid and group_alive(worker_pid):
+        if worker_pid and alive(worker_pid, group=True):
             os.killpg(worker_pid, signal.SIGKILL)

@@ -24,10 +24,7 @@ from typing import Any, TypeVar
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout, RedisUnavailable
-from redis_fifo_lock.protocol import (
-    Grant,
-    Protocol,
-)
+from redis_fifo_lock.protocol import Grant, Protocol
 from tests.support.record import Record
 
 T = TypeVar("T")

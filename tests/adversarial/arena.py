@@ -18,12 +18,7 @@ from redis_fifo_lock import FifoLock
 from tests.adversarial.actors import Actor, Plan, recorded
 from tests.adversarial.clients import StagedRedis, make_client
 from tests.adversarial.mutants import variant
-from tests.adversarial.registry import (
-    LEASE_MS,
-    POLL_MS,
-    Context,
-    T,
-)
+from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, T
 from tests.support.polling import until
 from tests.support.record import Record, read_lines
 

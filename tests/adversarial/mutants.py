@@ -205,9 +205,7 @@ class AbandoningLock(FifoLock):
         requeue: bool,
     ) -> Lease | None:
         forgetful: Any = _ForgetfulHub(hub)
-        return await super()._enqueue(
-            forgetful, group, waiter, started, deadline, requeue=requeue
-        )
+        return await super()._enqueue(forgetful, group, waiter, started, deadline, requeue=requeue)
 
 
 class DoorbellOnlyGroup(WaitGroup):

@@ -13,14 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, in_fresh_arena
 from tests.adversarial.faults import kill_connections
-from tests.adversarial.registry import (
-    LEASE_MS,
-    POLL_MS,
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
 
 

@@ -16,14 +16,7 @@ from tests.adversarial.actors import Plan, hold_and_release
 from tests.adversarial.arena import Arena
 from tests.adversarial.driver import Fleet
 from tests.adversarial.faults import pause_server
-from tests.adversarial.registry import (
-    LEASE_MS,
-    POLL_MS,
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
 
 MIXED = {
     "locks": ["a", "b"],

@@ -13,12 +13,7 @@ from redis_fifo_lock import FifoLock
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena
 from tests.adversarial.faults import not_redis_server
-from tests.adversarial.registry import (
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
 
 

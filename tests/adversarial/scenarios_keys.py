@@ -12,14 +12,7 @@ from redis.exceptions import RedisError
 from tests.adversarial.actors import Plan, hold_and_release
 from tests.adversarial.arena import Arena
 from tests.adversarial.faults import KEY_PARTS
-from tests.adversarial.registry import (
-    LEASE_MS,
-    POLL_MS,
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
 
 EVICTION_STEP_BYTES = 512

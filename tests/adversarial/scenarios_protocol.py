@@ -14,12 +14,7 @@ from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, LoopThread, in_fresh_arena
 from tests.adversarial.clients import make_client
 from tests.adversarial.faults import KEY_PARTS, kill_connections
-from tests.adversarial.registry import (
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
 from tests.support.replay import reply_code, script_calls
 

@@ -9,12 +9,7 @@ from typing import Any
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena, cancel_and_record, in_fresh_arena
 from tests.adversarial.clients import StagedRedis
-from tests.adversarial.registry import (
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import Context, Outcome, outcome, scenario
 
 STAGE_LEASE_MS = 2000
 """Cancellation stages use a long lease, so a stall (a grant left behind) is ~2 s

@@ -26,19 +26,11 @@ from tests.support.record import Record, violations
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` still exists (a zombie counts)."""
+def alive(pid: int, *, group: bool = False) -> bool:
+    """Whether process ``pid`` (``group``: any process of process group ``pid``)
+    still exists; a zombie counts."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of process group ``pgid`` still exists."""
-    try:
-        os.killpg(pgid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     return True
