@@ -1,7 +1,8 @@
 """The example project's Celery app: ``celery -A example_project.celery:app worker``.
 
 Configuration comes from the Django settings, every Celery setting spelled with
-the ``CELERY_`` prefix (``CELERY_BROKER_URL``, ``CELERY_FIFO_LOCK_REDIS_URL``...).
+the ``CELERY_`` prefix (``CELERY_BROKER_URL``, ``CELERY_FIFO_LOCK_LEASE_MS``...).
+Its ``@fifo_locked`` tasks lock on the cache that ``FIFOLOCK['CACHE']`` names.
 """
 
 from __future__ import annotations

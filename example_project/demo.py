@@ -667,11 +667,15 @@ def shared_lock_name() -> str:
     from example_project.invoices.tasks import issue_invoice_task
     from fifolock_celery import LockSpec
 
-    django_name = invoice_lock().name
+    django_lock = invoice_lock().sync_lock()
     spec: LockSpec = getattr(issue_invoice_task.run, "fifo_lock_spec")  # noqa: B009
-    if spec.name.template != django_name:
-        raise DemoError(f"the task locks {spec.name.template!r}, the view {django_name!r}")
-    return django_name
+    config = spec.config(issue_invoice_task.app, spec.name.template)
+    task_lock = config.lock(spec.name.template)
+    django_where = (django_lock.name, django_lock.namespace, django_lock.clients)
+    task_where = (task_lock.name, task_lock.namespace, task_lock.clients)
+    if task_where != django_where or config.django_mismatch() is not None:
+        raise DemoError(f"the task locks {task_where!r}, the view {django_where!r}")
+    return django_lock.name
 
 
 def check_lock_idle(rows: Sequence[report.Row]) -> report.Check:

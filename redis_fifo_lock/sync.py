@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from .clients import LoopClients
 from .connection import check_url
@@ -19,7 +19,10 @@ from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
 from .protocol import AsyncClient
-from .settings import check_name, check_namespace
+from .settings import LockOptions, LockSettings, check_name, check_namespace
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class SyncFifoLock:
@@ -29,9 +32,9 @@ class SyncFifoLock:
         connection: a Redis URL (str) or a ``LoopClients`` to share connection
             settings; the portal loop builds its own client from it.
         name: the lock name (str), as for ``FifoLock``.
-        lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for
+        settings, namespace, and the lock options ``lease_ms``, ``poll_ms``,
+            ``max_hold_ms``, ``replicas``, ``replica_wait_ms``: as for
             ``FifoLock`` (see ``LockSettings``).
-        namespace: as for ``FifoLock`` (str, default "": none).
 
     Raises:
         ValueError: naming the setting, for a bad name, namespace or settings, or a
@@ -47,12 +50,9 @@ class SyncFifoLock:
         connection: str | LoopClients,
         name: str,
         *,
-        lease_ms: int = 60_000,
-        poll_ms: int = 30_000,
-        max_hold_ms: int = 1_800_000,
-        replicas: int = 0,
-        replica_wait_ms: int | None = None,
+        settings: LockSettings | None = None,
         namespace: str = "",
+        **options: Unpack[LockOptions],
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
@@ -65,15 +65,7 @@ class SyncFifoLock:
                 f"FIFO lock {name!r}: connection must be a Redis URL (str) or a LoopClients, "
                 f"got {type(connection).__name__}"
             )
-        self.settings = lock_settings(
-            name,
-            self.clients,
-            lease_ms=lease_ms,
-            poll_ms=poll_ms,
-            max_hold_ms=max_hold_ms,
-            replicas=replicas,
-            replica_wait_ms=replica_wait_ms,
-        )
+        self.settings = lock_settings(name, self.clients, settings, options)
         self._core: tuple[AsyncClient, FifoLock] | None = None
 
     def __repr__(self) -> str:
@@ -86,7 +78,7 @@ class SyncFifoLock:
         if core is None or core[0] is not client:
             core = self._core = (
                 client,
-                FifoLock(client, self.name, namespace=self.namespace, **asdict(self.settings)),
+                FifoLock(client, self.name, settings=self.settings, namespace=self.namespace),
             )
         return core[1]
 
