@@ -11,8 +11,10 @@ pool, ``--workers`` processes) and uvicorn serving the project, and issues
 invoices from all three surfaces at once: ``--tasks`` Celery tasks,
 ``--requests`` HTTP POSTs to the async view, and ``--command-runs`` runs of
 ``manage.py issue_invoices``. A progress line shows the count per source.
-Finally it checks the stored invoices (see ``example_project.report``), prints
-a table, and stops everything it started, also on Ctrl-C or SIGTERM.
+Finally it checks the stored invoices (see ``example_project.report``), stops
+everything it started (also on Ctrl-C or SIGTERM), and prints two tables: the
+invoices by source, and the lock's OpenTelemetry metrics recorded by every
+process it started (see ``example_project.telemetry``).
 
 Exit status: 0 when every operation succeeded and every check held, 1 when
 not, 2 when the demo could not be set up, 128 + the signal's number when
@@ -46,7 +48,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from example_project import report
+from example_project import report, telemetry
 from redis_fifo_lock.testing import free_port, private_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -590,6 +592,8 @@ def setup_django(run_dir: Path, url: str, run_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    (run_dir / "telemetry").mkdir()
+    env[telemetry.ENV] = str(run_dir / "telemetry")
     return env
 
 
@@ -740,8 +744,11 @@ def run(config: Config, run_dir: Path, stack: ExitStack) -> int:
     rows = load_rows()
     expected = sum(outcome.invoices for outcome in outcomes.values())
     checks = [check_outcomes(outcomes), *report.verify(rows, expected), check_lock_idle(rows)]
+    children.stop_all()  # each child writes its metrics as it stops
     say("")
     say(report.format_table(report.summarise(rows)))
+    say("")
+    say(telemetry.format_table(telemetry.collect(run_dir / "telemetry")))
     say("")
     for check in checks:
         say(f"{'PASS' if check.ok else 'FAIL'}  {check.name:<22} {check.detail}")

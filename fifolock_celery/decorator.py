@@ -181,7 +181,7 @@ class LockSpec:
             ValueError: the name or a lock setting is invalid (or ``replicas``
                 is above 0 on a Redis Cluster).
         """
-        return self.config(task.app, name).lock(name)
+        return self.config(task.app, name).lock(name, self.name.template)
 
 
 def _running_task(args: tuple[Any, ...], spec: LockSpec) -> Task[Any, Any]:

@@ -176,10 +176,13 @@ class LockConfig:
                 raise ValueError(f"FIFO lock {lock_name!r}: {NAMESPACE_SETTING}: {exc}") from None
         return cls(server=server, settings=settings, namespace=namespace, django=django)
 
-    def lock(self, name: str) -> SyncFifoLock:
+    def lock(self, name: str, name_template: str | None = None) -> SyncFifoLock:
         """The ``SyncFifoLock`` named ``name`` with these settings, on this
         process's clients of ``server``; under Django its Redis name is the
         cache key of ``name``, as for ``cache.fifo_lock(name)``.
+        ``name_template`` (str, default None: ``"(untemplated)"``) is the
+        template ``name`` was filled in from, recorded in place of the name with
+        the lock's OpenTelemetry metrics and spans (integration ``celery``).
 
         Raises:
             ValueError: a bad lock name.
@@ -188,7 +191,12 @@ class LockConfig:
         """
         redis_name = name if self.django is None else self.django.name(name)
         return SyncFifoLock(
-            self.server.clients(), redis_name, settings=self.settings, namespace=self.namespace
+            self.server.clients(),
+            redis_name,
+            settings=self.settings,
+            namespace=self.namespace,
+            name_template=name_template,
+            integration="celery",
         )
 
     def django_mismatch(self) -> str | None:
@@ -199,7 +207,9 @@ class LockConfig:
         return mismatch(self.server, self.namespace, self.django)
 
 
-def lock_for(app: Celery, name: str, **options: Unpack[LockOptions]) -> SyncFifoLock:
+def lock_for(
+    app: Celery, name: str, name_template: str | None = None, **options: Unpack[LockOptions]
+) -> SyncFifoLock:
     """A ``SyncFifoLock`` named ``name`` configured by ``app``'s ``fifo_lock_*`` settings.
 
     For locking by hand inside a task; ``@fifo_locked`` builds its locks the
@@ -212,15 +222,20 @@ def lock_for(app: Celery, name: str, **options: Unpack[LockOptions]) -> SyncFifo
             ``lease_ms``, ``poll_ms``, ``max_hold_ms``, ``replica_wait_ms``
             (int milliseconds) and ``replicas`` (int); None (default) keeps the
             app's value.
+        name_template: the template ``name`` was filled in from (str), recorded
+            with the lock's OpenTelemetry metrics and spans
+            (``redis_fifo_lock.metrics``, integration ``celery``) in place of
+            the name; default None: ``"(untemplated)"``. ``@fifo_locked``
+            passes its name template.
 
     Raises:
         LockUsageError: no Redis URL configured (see ``LockConfig.from_app``).
-        ValueError: a bad lock name or setting, naming it, or ``replicas``
-            above 0 on a Redis Cluster.
+        ValueError: a bad lock name, setting or ``name_template``, naming it,
+            or ``replicas`` above 0 on a Redis Cluster.
         TypeError: an option that is not a lock option.
     """
     config = LockConfig.from_app(app, name, spell=lambda option: f"{option}=...", **options)
-    return config.lock(name)
+    return config.lock(name, name_template)
 
 
 def _redis_broker(broker: object) -> bool:

@@ -40,6 +40,7 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.lock import check_timeout
+from redis_fifo_lock.metrics import lock_labels
 from redis_fifo_lock.settings import MAX_NAME_BYTES, check_name, check_namespace, shown_value
 
 from .conf import SETTING, fifolock_settings, setting_name
@@ -105,9 +106,12 @@ class CacheFifoLock:
             the core's lock.
         namespace: put in front of the lock's keys (str, default "": none), the
             cache's ``KEY_PREFIX`` (see ``namespace_of``).
+        name_template: the label of the lock's OpenTelemetry metrics and spans
+            (str, or None, default: "(untemplated)"), see ``fifo_lock``.
 
     Raises:
-        ValueError: for a bad ``name``, ``timeout`` or ``namespace``.
+        ValueError: for a bad ``name``, ``timeout``, ``namespace`` or
+            ``name_template``.
 
     Entering raises ``LockTimeout`` (a ``TimeoutError``; ``.waited`` in seconds,
     ``.holder_fence``) when ``timeout`` runs out, and ``RedisUnavailable`` when
@@ -134,9 +138,11 @@ class CacheFifoLock:
         timeout: float | None,
         settings: LockSettings,
         namespace: str = "",
+        name_template: str | None = None,
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
+        self.labels = lock_labels(name, name_template, "django")
         self.timeout = check_timeout(timeout)
         self.settings = settings
         self.clients = clients
@@ -148,14 +154,26 @@ class CacheFifoLock:
     def sync_lock(self) -> SyncFifoLock:
         """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
         return SyncFifoLock(
-            self.clients, self.name, settings=self.settings, namespace=self.namespace
+            self.clients,
+            self.name,
+            settings=self.settings,
+            namespace=self.namespace,
+            name_template=self.labels.name_template,
+            integration=self.labels.integration,
         )
 
     def async_lock(self) -> FifoLock:
         """The core's ``FifoLock`` for this lock; each call uses the running event
         loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
-        return FifoLock(self.clients, self.name, settings=self.settings, namespace=self.namespace)
+        return FifoLock(
+            self.clients,
+            self.name,
+            settings=self.settings,
+            namespace=self.namespace,
+            name_template=self.labels.name_template,
+            integration=self.labels.integration,
+        )
 
     # --- acquire and release in different places --------------------------------------
 
@@ -287,6 +305,7 @@ class SupportsFifoLock(Protocol):
         timeout: float | None = None,
         *,
         version: int | None = None,
+        name_template: str | None = None,
         **options: Unpack[LockOptions],
     ) -> CacheFifoLock:
         """See ``FifoLockMixin.fifo_lock``."""
@@ -331,6 +350,7 @@ class FifoLockMixin(BaseCache):
         timeout: float | None = None,
         *,
         version: int | None = None,
+        name_template: str | None = None,
         **options: Unpack[LockOptions],
     ) -> CacheFifoLock:
         """A FIFO lock named by the cache key of ``name``, for ``with`` or ``async with``.
@@ -355,6 +375,11 @@ class FifoLockMixin(BaseCache):
             replica_wait_ms: int milliseconds overriding
                 ``FIFOLOCK['REPLICA_WAIT_MS']``: how long each grant and renewal
                 waits for those acknowledgements.
+            name_template: the template ``name`` was filled in from (str, e.g.
+                ``"invoice-{id}"``; a fixed name is its own template), recorded
+                with the lock's OpenTelemetry metrics and spans
+                (``redis_fifo_lock.metrics``, integration ``django``) in place
+                of the name; default None: ``"(untemplated)"``.
 
         Returns:
             a ``CacheFifoLock``; entering it yields the ``Lease``. See there for
@@ -363,14 +388,16 @@ class FifoLockMixin(BaseCache):
             ``IGNORE_EXCEPTIONS``). Nothing touches Redis until it is used.
 
         Raises:
-            ValueError: for a bad ``name``, ``timeout`` or lock option, or
-                ``replicas`` above 0 on a Redis Cluster cache.
+            ValueError: for a bad ``name``, ``timeout``, lock option or
+                ``name_template``, or ``replicas`` above 0 on a Redis Cluster cache.
             ImproperlyConfigured: for an invalid ``FIFOLOCK`` (or its
                 ``REPLICAS`` above 0 on a Redis Cluster cache), a ``KEY_PREFIX``
                 that makes an invalid lock name, or connection settings the
                 lock cannot use (such as a Sentinel set-up without ``SENTINELS``).
         """
-        return cache_lock(self, self.fifo_lock_connection(), name, timeout, version, options)
+        return cache_lock(
+            self, self.fifo_lock_connection(), name, timeout, version, options, name_template
+        )
 
 
 SHORT_NAME = "x"
@@ -445,14 +472,16 @@ def cache_lock(
     timeout: float | None = None,
     version: int | None = None,
     options: Mapping[str, object] | None = None,
+    name_template: str | None = None,
 ) -> CacheFifoLock:
     """Build the ``CacheFifoLock`` that a backend's ``fifo_lock()`` returns.
 
     The lock name given to the core is ``lock_key(cache, name, version)``, its
     namespace ``namespace_of(cache)``, its connections ``server.clients()``.
     Each lock option of ``options`` left out or None takes its ``FIFOLOCK``
-    value, read now (see ``redis_fifo_lock.LockSettings.merged``). Nothing
-    touches Redis here.
+    value, read now (see ``redis_fifo_lock.LockSettings.merged``).
+    ``name_template`` labels its metrics (see ``fifo_lock``). Nothing touches
+    Redis here.
 
     Raises:
         ValueError: for a bad ``name``, ``timeout`` or lock option (the message
@@ -477,7 +506,7 @@ def cache_lock(
                 f"{exc}, or pass replicas=0 to this cache's fifo_lock() calls"
             ) from exc
     settings = configured.merged((options, override_name), base_spell=setting_name, cluster=cluster)
-    return CacheFifoLock(server.clients(), key, timeout, settings, namespace)
+    return CacheFifoLock(server.clients(), key, timeout, settings, namespace, name_template)
 
 
 def lock_cache(alias: str | None = None) -> SupportsFifoLock:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
+from . import metrics
 from .calls import call_ids
 from .clients import LoopClients
 from .connection import masked_url
@@ -186,10 +187,17 @@ class FifoLock:
             default "": none): ``<namespace>:fifolock:{<name>}:<part>``, e.g. a
             tenant's key prefix for an ACL key pattern. Locks share a lock only
             with the same name and namespace. See ``check_namespace``.
+        name_template: the template the name was filled in from (str, e.g.
+            ``"customer-{customer_id}"``), recorded with the lock's OpenTelemetry
+            metrics and spans (``redis_fifo_lock.metrics``) in place of the name;
+            default None: ``"(untemplated)"`` for every lock, never the name.
+        integration: what made the lock, recorded with the same: ``"core"``
+            (default), ``"django"`` or ``"celery"``.
 
     Raises:
-        ValueError: naming the setting, for a bad name, namespace or settings, or
-            ``replicas`` with a ``RedisCluster`` client.
+        ValueError: naming the setting, for a bad name, namespace, settings,
+            ``name_template`` or ``integration``, or ``replicas`` with a
+            ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
             client or a ``LoopClients`` (a URL string among them).
@@ -211,9 +219,12 @@ class FifoLock:
         *,
         settings: LockSettings | None = None,
         namespace: str = "",
+        name_template: str | None = None,
+        integration: str = "core",
         **options: Unpack[LockOptions],
     ) -> None:
         self.name = check_name(name)
+        self.labels = metrics.lock_labels(name, name_template, integration)
         if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
             raise TypeError(
                 f"FIFO lock {name!r} needs a redis.asyncio client, got a synchronous "
@@ -269,7 +280,8 @@ class FifoLock:
         lease = await self.acquire(timeout, token=token)
         # Shielded: a second cancellation must not leave the lease to expire.
         try:
-            yield lease
+            with metrics.current(lease):
+                yield lease
         except BaseException as error:
             try:
                 await asyncio.shield(release_retrying(self, lease))
@@ -311,10 +323,11 @@ class FifoLock:
         hub = hub_for(self.client)
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
-        try:
-            lease = await self._acquire(hub, group, waiter, started, deadline)
-        finally:
-            group.leave(token)
+        with metrics.Waiting(self.labels, self.keys):
+            try:
+                lease = await self._acquire(hub, group, waiter, started, deadline)
+            finally:
+                group.leave(token)
         if _cancelling():
             # Cancelled while the call that granted it was in flight, and the
             # cancellation was swallowed on the way (redis-py and asyncio.wait_for
@@ -490,6 +503,7 @@ class FifoLock:
         lease = Lease(
             self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
         )
+        metrics.hold_started(self.labels, lease, grant.queued)
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         start_renewal(self, hub, lease, first_at)
         return lease
@@ -560,6 +574,7 @@ class FifoLock:
             lease.release_failed()
             raise
         lease.mark_released()
+        metrics.hold_ended(lease, lost=outcome == NOT_HELD or lease.lost_reason is not None)
         hub.leases.pop((self.keys, lease.token), None)
         if handover is not None:
             # The next holder waits in this process: no ring was sent for it.

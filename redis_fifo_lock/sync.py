@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from . import metrics
 from .clients import LoopClients
 from .connection import check_url
 from .holding import attach_release_error, release_retrying
@@ -35,10 +36,14 @@ class SyncFifoLock:
         settings, namespace, and the lock options ``lease_ms``, ``poll_ms``,
             ``max_hold_ms``, ``replicas``, ``replica_wait_ms``: as for
             ``FifoLock`` (see ``LockSettings``).
+        name_template, integration: as for ``FifoLock``: the labels of the
+            lock's OpenTelemetry metrics and spans (default None: "(untemplated)",
+            and "core").
 
     Raises:
-        ValueError: naming the setting, for a bad name, namespace or settings, or a
-            URL that is not ``redis://``, ``rediss://`` or ``unix://``.
+        ValueError: naming the setting, for a bad name, namespace, settings,
+            ``name_template`` or ``integration``, or a URL that is not
+            ``redis://``, ``rediss://`` or ``unix://``.
         TypeError: ``connection`` is neither a str nor a ``LoopClients``.
 
     Methods mirror ``FifoLock`` without ``await``; ``timeout`` is in seconds.
@@ -52,10 +57,13 @@ class SyncFifoLock:
         *,
         settings: LockSettings | None = None,
         namespace: str = "",
+        name_template: str | None = None,
+        integration: str = "core",
         **options: Unpack[LockOptions],
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
+        self.labels = metrics.lock_labels(name, name_template, integration)
         if isinstance(connection, LoopClients):
             self.clients = connection
         elif isinstance(connection, str):
@@ -78,15 +86,24 @@ class SyncFifoLock:
         if core is None or core[0] is not client:
             core = self._core = (
                 client,
-                FifoLock(client, self.name, settings=self.settings, namespace=self.namespace),
+                FifoLock(
+                    client,
+                    self.name,
+                    settings=self.settings,
+                    namespace=self.namespace,
+                    name_template=self.labels.name_template,
+                    integration=self.labels.integration,
+                ),
             )
         return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Block until granted; see ``FifoLock.acquire`` (same arguments and errors)."""
+        context = metrics.caller_context()  # the caller's current span is the wait's parent
 
         async def run() -> Lease:
-            return await self._lock().acquire(timeout, token=token)
+            with metrics.in_context(context):
+                return await self._lock().acquire(timeout, token=token)
 
         async def give_back(lease: Lease) -> None:
             await self._lock().release(lease)
@@ -128,7 +145,8 @@ class SyncFifoLock:
         """
         lease = self.acquire(timeout, token=token)
         try:
-            yield lease
+            with metrics.current(lease):
+                yield lease
         except BaseException as error:
             try:
                 self._release_retrying(lease)

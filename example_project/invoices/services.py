@@ -34,7 +34,7 @@ def invoice_lock(timeout: float | None = LOCK_TIMEOUT_S) -> CacheFifoLock:
 
     Its ``.name`` is the lock's name in Redis (the cache key of ``INVOICE_LOCK``).
     """
-    return lock_cache().fifo_lock(INVOICE_LOCK, timeout)
+    return lock_cache().fifo_lock(INVOICE_LOCK, timeout, name_template=INVOICE_LOCK)
 
 
 class StaleLease(RuntimeError):
