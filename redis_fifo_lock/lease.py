@@ -193,7 +193,8 @@ class LockStatus:
     Attributes:
         name: the lock name (str).
         held: whether someone holds the lock now (bool).
-        fence: the last fence ever granted for this name (int; 0 if never).
+        last_fence: the last fence ever granted for this name (int; 0 if never;
+            the holder's own fence is ``holder_fence``).
         waiting: how many requests are queued (int; may include waiters whose
             process died and that will be skipped at the next hand-off).
         holder_fence: fence (int) of the current holder, None when not held.
@@ -214,7 +215,7 @@ class LockStatus:
 
     name: str
     held: bool
-    fence: int
+    last_fence: int
     waiting: int
     holder_fence: int | None = None
     holder_ticket: int | None = None

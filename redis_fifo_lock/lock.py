@@ -630,7 +630,7 @@ class FifoLock:
         return LockStatus(
             name=self.name,
             held=grant is not None,
-            fence=reply.last_fence,
+            last_fence=reply.last_fence,
             waiting=reply.waiting,
             holder_fence=grant.fence if grant else None,
             holder_ticket=grant.ticket if grant else None,

@@ -217,8 +217,8 @@ ENDED_HOW = (
     "ended (its process had already settled it)",
 )
 """How a request ended, by the code the acquire script refuses a finished request with."""
-WITHDRAWN, GAVE_BACK, NOTHING = 1, 2, 0
-RENEWED, RENEW_REFUSED, MAX_HOLD_REACHED = 1, 0, -2
+WITHDRAWN, GAVE_BACK = 1, 2
+RENEWED = 1
 
 
 def _text(value: Any) -> str | None:

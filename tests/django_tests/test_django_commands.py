@@ -149,11 +149,11 @@ def test_fifolock_run_serialises_an_unlocked_command_across_processes(
     assert finish(first)[:2] == (0, "first ran\n")
     assert finish(second)[:2] == (0, "second ran\n")
     assert [hold["who"] for hold in record.holds(redis)] == ["first", "second"]
-    assert held["held"] and held["holder_fence"] == held["fence"] > 0
+    assert held["held"] and held["holder_fence"] == held["last_fence"] > 0
     assert (held["redis_lock"], held["waiting"]) == ("tests:3:batch", 1)
     assert 0 < held["lease_left_ms"] <= 600
     after = status_json(redis_url, "batch")
-    assert after["fence"] > held["fence"]
+    assert after["last_fence"] > held["last_fence"]
     assert held["holder"].endswith(": manage.py fifolock run -- plain_job")
     assert after == {
         "name": "batch",
@@ -167,7 +167,7 @@ def test_fifolock_run_serialises_an_unlocked_command_across_processes(
         "lease_left_ms": None,
         "waiting": 0,
         "live_waiting": 0,
-        "fence": after["fence"],
+        "last_fence": after["last_fence"],
     }
 
 
@@ -226,7 +226,7 @@ def test_fifolock_run_refuses_an_unknown_command_before_taking_the_lock(
 ) -> None:
     with pytest.raises(CommandError, match="Unknown command: 'no_such_command'"):
         call_command("fifolock", "run", "batch", "--", "no_such_command")
-    assert counter_cache.fifo_lock("batch").status().fence == 0
+    assert counter_cache.fifo_lock("batch").status().last_fence == 0
 
 
 def test_fifolock_works_on_django_s_builtin_redis_backend(redis_url: str, redis: Redis) -> None:
@@ -234,4 +234,4 @@ def test_fifolock_works_on_django_s_builtin_redis_backend(redis_url: str, redis:
         manage(redis_url, "fifolock", "run", "b", "--", "plain_job", "x", backend="builtin")
     )
     assert (code, out) == (0, "x ran\n"), err
-    assert status_json(redis_url, "b", backend="builtin")["fence"] > 0
+    assert status_json(redis_url, "b", backend="builtin")["last_fence"] > 0

@@ -116,7 +116,7 @@ def test_status_of_an_unknown_name_says_there_is_no_such_lock(
         "lock        never-used (Redis lock 'tests:3:never-used', FIFOLOCK['CACHE'])",
         "state       no such lock (never used, or expired)",
     ]
-    assert (data["exists"], data["held"], data["fence"]) == (False, False, 0)
+    assert (data["exists"], data["held"], data["last_fence"]) == (False, False, 0)
 
 
 def test_release_force_frees_the_lock_the_holder_loses_it_and_the_next_gets_a_higher_fence(

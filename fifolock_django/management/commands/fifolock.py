@@ -360,7 +360,7 @@ def status_fields(name: str, cache: str | None, state: LockStatus) -> dict[str, 
     Redis has no key of), ``held`` (bool), ``holder`` (str description, None
     when free), ``holder_fence``, ``holder_ticket``, ``lease_left_ms`` (int ms;
     None when free), ``waiting`` (int, queued), ``live_waiting`` (int, queued
-    by live processes) and ``fence`` (the last fence granted, int)."""
+    by live processes) and ``last_fence`` (the last fence granted, int)."""
     return {
         "name": name,
         "cache": cache,
@@ -373,7 +373,7 @@ def status_fields(name: str, cache: str | None, state: LockStatus) -> dict[str, 
         "lease_left_ms": state.lease_left_ms,
         "waiting": state.waiting,
         "live_waiting": state.live_waiting,
-        "fence": state.fence,
+        "last_fence": state.last_fence,
     }
 
 
@@ -398,6 +398,6 @@ def status_text(name: str, cache: str | None, state: LockStatus) -> str:
         ("holder", holder),
         ("lease left", lease),
         ("waiting", waiting),
-        ("last fence", str(state.fence)),
+        ("last fence", str(state.last_fence)),
     ]
     return "\n".join(f"{label:<11} {value}" for label, value in lines)

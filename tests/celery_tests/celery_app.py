@@ -1,6 +1,6 @@
 """The Celery app and tasks that the Celery tests (``tests/celery_tests``) run in real workers.
 
-A worker loads it with ``celery -A tests.celery_app worker``; the test process
+A worker loads it with ``celery -A tests.celery_tests.celery_app worker``; the test process
 imports it to send tasks. Both call ``configure(base_url)``: the worker from
 ``$FIFOLOCK_CELERY_REDIS`` at import, the test from its fixture. On that Redis
 server the broker uses database 1 (and so do the locks: no
@@ -63,7 +63,7 @@ VISIBILITY_TIMEOUT_S = 1
 LONG_LIMIT_S, SHORT_HOLD_MS = 30, 5000
 """``limited_beyond_max_hold``: its time limit (s) is longer than its max_hold_ms."""
 
-app = Celery("tests.celery_app")
+app = Celery("tests.celery_tests.celery_app")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
