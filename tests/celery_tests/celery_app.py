@@ -306,6 +306,22 @@ def lease_left(key: str) -> int | None:
     return lock_for(app, current_lease().name).status().lease_left_ms
 
 
+@app.task(bind=True)
+@fifo_locked("holder-{key}")
+def report_holder(self: Task[Any, Any], key: str) -> tuple[str | None, str]:
+    """The holder description Redis records while this task holds its lock, and
+    the task's id."""
+    return lock_for(app, current_lease().name).status().holder, str(self.request.id)
+
+
+@app.task
+@fifo_locked("nest-{key}")
+def nest_own_lock(key: str) -> None:
+    """Take the task's own lock again, without a timeout, through the core's
+    ``SyncFifoLock``: refused at once (it would wait for itself)."""
+    lock_for(app, current_lease().name).acquire()
+
+
 @app.task
 @fifo_locked("replicated-{key}", replicas=1)
 def replicated(log: str, key: str) -> int:

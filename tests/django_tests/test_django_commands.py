@@ -10,6 +10,8 @@ that must hold the lock until the test says so blocks on a Redis list
 from __future__ import annotations
 
 import json
+import os
+import socket
 from typing import Any
 
 import pytest
@@ -152,15 +154,19 @@ def test_fifolock_run_serialises_an_unlocked_command_across_processes(
     assert 0 < held["lease_left_ms"] <= 600
     after = status_json(redis_url, "batch")
     assert after["last_fence"] > held["last_fence"]
+    assert held["holder"].endswith(": manage.py fifolock run -- plain_job")
     assert after == {
         "name": "batch",
         "cache": None,
         "redis_lock": "tests:3:batch",
+        "exists": True,
         "held": False,
+        "holder": None,
         "holder_fence": None,
         "holder_ticket": None,
         "lease_left_ms": None,
         "waiting": 0,
+        "live_waiting": 0,
         "last_fence": after["last_fence"],
     }
 
@@ -168,23 +174,25 @@ def test_fifolock_run_serialises_an_unlocked_command_across_processes(
 def test_fifolock_status_prints_holder_fence_waiting_and_lease_left(
     counter_cache: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    call_command("fifolock", "status", "report")
-    free = capsys.readouterr().out.splitlines()
     with counter_cache.fifo_lock("report") as lease:
         call_command("fifolock", "status", "report", "--cache", "default")
         held = capsys.readouterr().out.splitlines()
+    call_command("fifolock", "status", "report")
+    free = capsys.readouterr().out.splitlines()
 
     assert free == [
         "lock        report (Redis lock 'tests:3:report', FIFOLOCK['CACHE'])",
         "held        no",
+        "holder      -",
         "lease left  -",
         "waiting     0",
-        "last fence  0",
+        f"last fence  {lease.fence}",
     ]
     assert held[0] == "lock        report (Redis lock 'tests:3:report', cache 'default')"
     assert held[1] == f"held        yes, by fence {lease.fence} (ticket {lease.ticket})"
-    assert held[2].startswith("lease left  0.") and held[2].endswith(" s unless renewed")
-    assert held[3:] == ["waiting     0", f"last fence  {lease.fence}"]
+    assert held[2] == f"holder      {socket.gethostname()} pid {os.getpid()}"
+    assert held[3].startswith("lease left  0.") and held[3].endswith(" s unless renewed")
+    assert held[4:] == ["waiting     0", f"last fence  {lease.fence}"]
 
 
 def test_fifolock_run_gives_up_after_the_lock_timeout_naming_the_holder_fence(
