@@ -32,6 +32,7 @@ pytestmark = pytest.mark.timeout(180)
 
 WAITERS = 20_000
 BATCH = 500
+BATCH_PAUSE_S = 0.05
 SETTINGS = {"lease_ms": 3000, "poll_ms": 1500}
 
 
@@ -43,15 +44,15 @@ async def test_a_holder_keeps_its_lease_with_twenty_thousand_waiters_queued_in_i
     holder = FifoLock(client, "crowded", **SETTINGS)
     lease = await holder.acquire(timeout=5)
     waiters: list[asyncio.Task[object]] = []
-    # They arrive in batches (each lets the loop run once), as a crowd does: one
-    # list of 20,000 first steps would block the loop for about a second by
-    # itself, which no lane can help; the enqueues still pile up behind two slots.
+    # They arrive in batches spread over about two seconds, as a crowd does:
+    # 20,000 first steps in a row would block the loop itself for seconds,
+    # which no lane can help; the enqueues still pile up behind two slots.
     for _ in range(WAITERS // BATCH):
         waiters += [
             asyncio.create_task(FifoLock(client, "crowded", **SETTINGS).acquire(timeout=60))
             for _ in range(BATCH)
         ]
-        await asyncio.sleep(0)
+        await asyncio.sleep(BATCH_PAUSE_S)
     try:
         lost = asyncio.create_task(lease.wait_lost())
         hold_s = 3 * SETTINGS["lease_ms"] / 1000

@@ -47,7 +47,7 @@ async def test_a_forged_ring_carrying_the_call_id_makes_acquire_return(
         # Everything the forger needs is readable with the lock's own ACL rules.
         ticket = int(await aredis.zscore(waiter.keys.key("queue"), "w") or 0)
         meta = (await aredis.hget(waiter.keys.key("waiters"), "w") or b"").decode()
-        session, _lease, _max, call = meta.split(" ")
+        session, _lease, _max, call = meta.split(" ", 4)[:4]
         channel = waiter.keys.doorbell_of(session)
         await aredis.publish(channel, f"w 999 {ticket} 60000 {call}")
         done, _ = await asyncio.wait({acquiring}, timeout=1.0)
