@@ -1,8 +1,11 @@
 """How the contended figures are computed from what the contenders recorded.
 
-Every contender records one ``Hold`` per grant, with ``time.monotonic_ns()``
-stamps. On Linux that clock (``CLOCK_MONOTONIC``) is one system-wide clock, so
-stamps taken by different processes on this machine compare directly.
+Every contender records one ``TimedHold`` per grant (the shared
+``redis_fifo_lock.holds.Hold`` and two more stamps), with
+``time.monotonic_ns()`` stamps. On Linux that clock (``CLOCK_MONOTONIC``) is
+one system-wide clock, so stamps taken by different processes on this machine
+compare directly. Overlaps and fence order are judged by the checker the tests
+use, ``redis_fifo_lock.holds.violations``.
 
 Definitions (the Markdown report and ``benchmarks/README.md`` repeat them):
 
@@ -30,8 +33,9 @@ Definitions (the Markdown report and ``benchmarks/README.md`` repeat them):
   still waiting (it was granted later). Each such grant counts once; the
   *worst overtake* is the largest head start (in call stamps) that an
   overtaken request had. For the barging peers these are *overtakes*.
-- **overlap**: a grant whose ``acquire`` returned before the previous holder
-  had even called ``release``: a mutual-exclusion failure.
+- **overlap**: a grant whose ``acquire`` returned before an earlier holder
+  (the previous one, or any before it) had even called ``release``: a
+  mutual-exclusion failure.
 """
 
 from __future__ import annotations
@@ -43,47 +47,43 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_CUTS = 1000
-"""``statistics.quantiles`` cut points: one every 0.1 percent."""
+from redis_fifo_lock.holds import Hold, violations
 
 PERCENTILES = (0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0)
 """Points of each latency distribution kept in the JSON results (percent)."""
 
 
-@dataclass(frozen=True)
-class Hold:
-    """One grant, as a contender recorded it (``time.monotonic_ns()`` stamps).
+@dataclass(kw_only=True)
+class TimedHold(Hold):
+    """One grant, as a contender recorded it: the shared ``Hold`` (``entered_ns``
+    just after ``acquire`` returned, ``exited_ns`` just before ``release`` was
+    called; ``ticket`` and ``fence`` None for the other libraries), and two more
+    ``time.monotonic_ns()`` stamps.
 
     Attributes:
+        exited_ns: as ``Hold``'s, always set: a recorded grant was released.
         contender: index of the task or thread, unique across processes.
         arrival_ns: just before ``acquire`` was called.
-        acquired_ns: just after ``acquire`` returned.
-        release_ns: just before ``release`` was called.
         released_ns: just after ``release`` returned.
-        ticket: our lock's ticket (arrival order at Redis), else None.
-        fence: our lock's fence, else None.
     """
 
+    exited_ns: int
     contender: int
     arrival_ns: int
-    acquired_ns: int
-    release_ns: int
     released_ns: int
-    ticket: int | None = None
-    fence: int | None = None
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Hold:
+    def from_row(cls, row: Sequence[Any]) -> TimedHold:
         """Rebuild a hold from the list a worker printed (see ``as_row``)."""
         contender, arrival, acquired, release, released, ticket, fence = row
         return cls(
-            int(contender),
-            int(arrival),
-            int(acquired),
-            int(release),
-            int(released),
-            None if ticket is None else int(ticket),
             None if fence is None else int(fence),
+            None if ticket is None else int(ticket),
+            int(acquired),
+            exited_ns=int(release),
+            contender=int(contender),
+            arrival_ns=int(arrival),
+            released_ns=int(released),
         )
 
     def as_row(self) -> list[int | None]:
@@ -91,8 +91,8 @@ class Hold:
         return [
             self.contender,
             self.arrival_ns,
-            self.acquired_ns,
-            self.release_ns,
+            self.entered_ns,
+            self.exited_ns,
             self.released_ns,
             self.ticket,
             self.fence,
@@ -140,8 +140,8 @@ def distribution(
 
 
 def fifo_violations(
-    holds: Sequence[Hold], arrival: Callable[[Hold], int]
-) -> list[tuple[Hold, int]]:
+    holds: Sequence[TimedHold], arrival: Callable[[TimedHold], int]
+) -> list[tuple[TimedHold, int]]:
     """The grants made while an earlier arrival (by ``arrival``) still waited,
     each with how much earlier the earliest such arrival was (in the unit of
     ``arrival``: ns for call stamps, tickets for tickets).
@@ -150,7 +150,7 @@ def fifo_violations(
     is seen; scans the grants from last to first, keeping the earliest arrival
     among those granted later.
     """
-    ordered = sorted(holds, key=lambda hold: hold.acquired_ns)
+    ordered = sorted(holds, key=lambda hold: hold.entered_ns)
     earliest_later: int | None = None
     violations = []
     for hold in reversed(ordered):
@@ -166,8 +166,8 @@ def fifo_violations(
 class Pair:
     """Two consecutive grants: ``before`` released, then ``after`` acquired."""
 
-    before: Hold
-    after: Hold
+    before: TimedHold
+    after: TimedHold
 
     @property
     def handoff(self) -> bool:
@@ -178,12 +178,12 @@ class Pair:
     def gap_ns(self) -> int:
         """The idle gap: release called -> next acquire returned (negative only
         for an overlap)."""
-        return self.after.acquired_ns - self.before.release_ns
+        return self.after.entered_ns - self.before.exited_ns
 
 
-def pairs(holds: Iterable[Hold]) -> list[Pair]:
+def pairs(holds: Iterable[TimedHold]) -> list[Pair]:
     """Consecutive grants, in grant order."""
-    ordered = sorted(holds, key=lambda hold: hold.acquired_ns)
+    ordered = sorted(holds, key=lambda hold: hold.entered_ns)
     return [Pair(a, b) for a, b in itertools.pairwise(ordered)]
 
 
@@ -192,7 +192,7 @@ def _ratio(values: Sequence[float], percent: float, unit: float) -> float | None
 
 
 def summarize_contended(
-    holds: Sequence[Hold], window: tuple[int, int], ping_ns: float
+    holds: Sequence[TimedHold], window: tuple[int, int], ping_ns: float
 ) -> dict[str, Any]:
     """The contended figures of one run.
 
@@ -208,16 +208,18 @@ def summarize_contended(
     """
     start, end = window
     seconds = (end - start) / 1e9
-    inside = [hold for hold in holds if start <= hold.acquired_ns < end]
-    measured = [pair for pair in pairs(holds) if start <= pair.after.acquired_ns < end]
+    inside = [hold for hold in holds if start <= hold.entered_ns < end]
+    measured = [pair for pair in pairs(holds) if start <= pair.after.entered_ns < end]
     handoffs = [pair for pair in measured if pair.handoff]
     gaps = [pair.gap_ns for pair in measured]
     handoff_gaps = [pair.gap_ns for pair in handoffs]
-    waits = [(hold.acquired_ns - hold.arrival_ns) / 1e6 for hold in inside]
+    waits = [(hold.entered_ns - hold.arrival_ns) / 1e6 for hold in inside]
     inside_ids = {id(hold) for hold in inside}
 
-    def count_inside(violations: list[tuple[Hold, int]]) -> int:
-        return sum(1 for hold, _ in violations if id(hold) in inside_ids)
+    def count_inside(overtakes: list[tuple[TimedHold, int]]) -> int:
+        return sum(1 for hold, _ in overtakes if id(hold) in inside_ids)
+
+    found = violations(holds)
 
     by_call = [
         (hold, gap)
@@ -246,12 +248,8 @@ def summarize_contended(
             if has_tickets
             else None
         ),
-        "overlaps": sum(1 for pair in measured if pair.after.acquired_ns < pair.before.release_ns),
-        "fence_order_errors": (
-            sum(1 for pair in pairs(holds) if (pair.after.fence or 0) <= (pair.before.fence or 0))
-            if has_tickets
-            else None
-        ),
+        "overlaps": sum(1 for v in found if v.kind == "overlap" and id(v.hold) in inside_ids),
+        "fence_order_errors": (sum(1 for v in found if v.kind == "fence") if has_tickets else None),
         "_gaps_ns": gaps,
     }
     return result

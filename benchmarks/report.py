@@ -369,8 +369,8 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
             "(server, with the light PING load) over the whole phase, per grant.",
             "- **overtakes**: grants made while an earlier arrival still waited, arrival = "
             "when the acquire call began (call), or our ticket from Redis (ticket); worst: "
-            "the largest head start an overtaken call had. **overlaps**: a grant before the "
-            "previous holder called release (mutual-exclusion failure).",
+            "the largest head start an overtaken call had. **overlaps**: a grant before an "
+            "earlier holder called release (mutual-exclusion failure).",
         ]
 
         def kind(key: str) -> str:

@@ -104,7 +104,7 @@ def sync_factory(library: Library) -> Callable[[Connection, str, int | None], Sy
 # --- contend -------------------------------------------------------------------------
 
 Row = tuple[int, int, int, int, int, "int | None", "int | None"]
-"""One hold as recorded (see ``benchmarks.analysis.Hold``). A tuple of ints, so
+"""One hold as recorded (see ``benchmarks.analysis.TimedHold``). A tuple of ints, so
 that the records cost the garbage collector nothing while the lock is measured."""
 
 

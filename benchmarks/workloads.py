@@ -18,7 +18,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from benchmarks.analysis import Hold, distribution, median, quantile, summarize_contended
+from benchmarks.analysis import TimedHold, distribution, median, quantile, summarize_contended
 from benchmarks.harness import (
     BenchError,
     Worker,
@@ -357,13 +357,13 @@ def run_contended(
                 pinger.send(
                     cmd="run", parser=parser, measured_from_ns=measured_from, stop_ns=stop_ns
                 )
-                holds: list[Hold] = []
+                holds: list[TimedHold] = []
                 errors: list[str] = []
                 client_cpu_ns = 0
                 budget = (stop_ns - time.monotonic_ns()) / 1e9 + drain_s + 30
                 for worker in procs:
                     done = worker.expect("done", budget)
-                    holds.extend(Hold.from_row(row) for row in done["holds"])
+                    holds.extend(TimedHold.from_row(row) for row in done["holds"])
                     errors.extend(done["errors"])
                     client_cpu_ns += int(done["cpu_ns"])
                 samples = pinger.expect("done", budget)["samples"]

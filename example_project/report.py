@@ -12,10 +12,15 @@ issues several in a single hold). The checks are:
 - ``gap-free``: the numbers are exactly 1..N, each once;
 - ``one holder per fence``: the invoices of a fence come from one process with
   one ticket and one source, and each was completed (``exited_ns`` set);
-- ``no overlap``: in fence order, each hold began after the previous one ended;
-- ``ticket order``: tickets strictly increase with fences, i.e. the lock was
+- ``no overlap``: in order of start, each hold began after every earlier one
+  ended, every hold ended, and the fences rise with that order;
+- ``ticket order``: tickets strictly increase in that order, i.e. the lock was
   granted in order of arrival;
 - ``numbers follow fences``: invoice numbers increase with fences.
+
+The holds are the shared ``redis_fifo_lock.holds.Hold`` records, and ``no
+overlap`` and ``ticket order`` report what its ``violations`` (the checker the
+tests use) finds in them.
 
 A shared lock name across the three surfaces shows up here too: surfaces on
 different locks would get overlapping fence sequences and fail the second,
@@ -27,8 +32,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
+
+from redis_fifo_lock.holds import Hold, Violation, violations
 
 SOURCES = ("task", "view", "command")
 """The surfaces that issue invoices, in the order the table lists them."""
@@ -60,38 +67,37 @@ class Row:
     waited_ms: float
 
 
-@dataclass
-class Hold:
-    """The invoices issued under one fence, and the span they took.
+@dataclass(kw_only=True)
+class InvoiceHold(Hold):
+    """The invoices issued under one fence: the shared ``Hold`` (from the first
+    invoice's start to the last one's commit; ``who`` is the source), and the
+    invoices.
 
     Attributes:
-        fence: the fence (int) of the grant.
-        rows: the invoices issued under it, in number order.
+        rows: the invoices issued under the fence, in number order.
     """
 
-    fence: int
-    rows: list[Row] = field(default_factory=list)
+    rows: list[Row]
+
+    @classmethod
+    def of(cls, rows: list[Row]) -> InvoiceHold:
+        """The hold of ``rows`` (one fence's invoices, in number order)."""
+        first = rows[0]
+        ends = [row.exited_ns for row in rows]
+        return cls(
+            first.fence,
+            first.ticket,
+            min(row.entered_ns for row in rows),
+            None if None in ends else max(end for end in ends if end is not None),
+            who=first.source,
+            pid=first.pid,
+            rows=rows,
+        )
 
     @property
     def first(self) -> Row:
         """The hold's first invoice (lowest number)."""
         return self.rows[0]
-
-    @property
-    def source(self) -> str:
-        """The surface that held the lock (str)."""
-        return self.first.source
-
-    @property
-    def entered_ns(self) -> int:
-        """When the hold's first invoice began (int, ns)."""
-        return min(row.entered_ns for row in self.rows)
-
-    @property
-    def exited_ns(self) -> int | None:
-        """When the hold's last invoice was committed (int, ns), None if unfinished."""
-        ends = [row.exited_ns for row in self.rows]
-        return None if None in ends else max(end for end in ends if end is not None)
 
     @property
     def waited_ms(self) -> float:
@@ -114,20 +120,20 @@ class Check:
     detail: str
 
 
-def group_holds(rows: Iterable[Row]) -> list[Hold]:
+def group_holds(rows: Iterable[Row]) -> list[InvoiceHold]:
     """Group invoices by fence into holds, in fence order.
 
     Args:
         rows: the invoices, in any order.
 
     Returns:
-        One ``Hold`` per distinct fence, sorted by fence; each hold's rows are
+        One ``InvoiceHold`` per distinct fence, sorted by fence; each hold's rows are
         sorted by number.
     """
-    holds: dict[int, Hold] = {}
+    by_fence: dict[int, list[Row]] = {}
     for row in sorted(rows, key=lambda row: row.number):
-        holds.setdefault(row.fence, Hold(row.fence)).rows.append(row)
-    return [holds[fence] for fence in sorted(holds)]
+        by_fence.setdefault(row.fence, []).append(row)
+    return [InvoiceHold.of(by_fence[fence]) for fence in sorted(by_fence)]
 
 
 def _few(values: Sequence[object], limit: int = 5) -> str:
@@ -154,7 +160,7 @@ def _check_gap_free(rows: Sequence[Row]) -> Check:
     return Check("gap-free", False, "; ".join(problems))
 
 
-def _check_one_holder(holds: Sequence[Hold]) -> Check:
+def _check_one_holder(holds: Sequence[InvoiceHold]) -> Check:
     bad = []
     for hold in holds:
         holders = {(row.source, row.pid, row.ticket) for row in hold.rows}
@@ -169,35 +175,22 @@ def _check_one_holder(holds: Sequence[Hold]) -> Check:
     return Check("one holder per fence", True, f"{len(holds)} holds, each by one process")
 
 
-def _check_no_overlap(holds: Sequence[Hold]) -> Check:
-    overlaps = []
-    for previous, current in pairwise(holds):
-        end = previous.exited_ns
-        if end is None or current.entered_ns < end:
-            overlaps.append(f"fence {current.fence} began before fence {previous.fence} ended")
-    for hold in holds:
-        end = hold.exited_ns
-        if end is not None and end < hold.entered_ns:
-            overlaps.append(f"fence {hold.fence} ended before it began")
+def _check_no_overlap(found: Sequence[Violation], holds: Sequence[InvoiceHold]) -> Check:
+    overlaps = [str(v) for v in found if v.kind in ("overlap", "fence", "open", "reversed")]
     if overlaps:
         return Check("no overlap", False, _few(overlaps, 3))
     pairs = max(len(holds) - 1, 0)
     return Check("no overlap", True, f"{pairs} pairs of consecutive holds, none overlapped")
 
 
-def _check_ticket_order(holds: Sequence[Hold]) -> Check:
-    inversions = [
-        f"fence {current.fence} has ticket {current.first.ticket} "
-        f"<= {previous.first.ticket} of fence {previous.fence}"
-        for previous, current in pairwise(holds)
-        if current.first.ticket <= previous.first.ticket
-    ]
+def _check_ticket_order(found: Sequence[Violation]) -> Check:
+    inversions = [str(v) for v in found if v.kind == "ticket"]
     if inversions:
         return Check("ticket order", False, _few(inversions, 3))
     return Check("ticket order", True, "grants were made in order of arrival")
 
 
-def _check_numbers_follow_fences(holds: Sequence[Hold]) -> Check:
+def _check_numbers_follow_fences(holds: Sequence[InvoiceHold]) -> Check:
     inversions = [
         f"fence {current.fence} issued {current.first.number} "
         f"after fence {previous.fence} issued {previous.rows[-1].number}"
@@ -220,12 +213,13 @@ def verify(rows: Sequence[Row], expected: int) -> list[Check]:
         One ``Check`` per check, in the order of the module docstring.
     """
     holds = group_holds(rows)
+    found = violations(holds)
     return [
         _check_count(rows, expected),
         _check_gap_free(rows),
         _check_one_holder(holds),
-        _check_no_overlap(holds),
-        _check_ticket_order(holds),
+        _check_no_overlap(found, holds),
+        _check_ticket_order(found),
         _check_numbers_follow_fences(holds),
     ]
 
@@ -297,7 +291,7 @@ def summarise(rows: Sequence[Row]) -> list[Line]:
         if end is not None and asked_ns <= end:
             handoffs[current.fence] = (current.entered_ns - end) / 1e6
 
-    def line(label: str, chosen: list[Hold]) -> Line:
+    def line(label: str, chosen: list[InvoiceHold]) -> Line:
         waits = [hold.waited_ms for hold in chosen]
         gaps = [handoffs[hold.fence] for hold in chosen if hold.fence in handoffs]
         invoices = sum(len(hold.rows) for hold in chosen)
@@ -311,9 +305,9 @@ def summarise(rows: Sequence[Row]) -> list[Line]:
         )
 
     lines = [
-        line(source, [hold for hold in holds if hold.source == source])
+        line(source, [hold for hold in holds if hold.who == source])
         for source in SOURCES
-        if any(hold.source == source for hold in holds)
+        if any(hold.who == source for hold in holds)
     ]
     lines.append(line("all", holds))
     return lines

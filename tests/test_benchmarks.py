@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.analysis import Hold, fifo_violations, quantile, summarize_contended
+from benchmarks.analysis import TimedHold, fifo_violations, quantile, summarize_contended
 from benchmarks.libraries import LIBRARIES, row_key, split_row_key
 from benchmarks.report import SCHEMA_VERSION, check, markdown, targets
 from benchmarks.workloads import WORKLOADS, handoff_windows
@@ -30,10 +30,10 @@ def hold(
     release: int | None = None,
     released: int | None = None,
     ticket: int | None = None,
-) -> Hold:
+) -> TimedHold:
     release = acquired + 1 if release is None else release
     released = release + 2 if released is None else released
-    return Hold(contender, arrival, acquired, release, released, ticket, ticket)
+    return TimedHold.from_row([contender, arrival, acquired, release, released, ticket, ticket])
 
 
 def test_a_grant_that_overtakes_an_earlier_arrival_is_one_violation() -> None:
@@ -84,6 +84,19 @@ def test_a_grant_before_the_previous_release_was_called_is_an_overlap() -> None:
     summary = summarize_contended(holds, (0, 100), ping_ns=1)
     assert summary["overlaps"] == 1
     assert summary["_gaps_ns"] == [40 - 50]  # the only way a gap is negative
+
+
+def test_a_grant_while_a_holder_before_the_previous_one_is_inside_is_an_overlap() -> None:
+    """Contender 2 enters after 1 called release, but 0 (before 1) is still inside."""
+    holds = [hold(0, 0, 10, release=100), hold(1, 1, 20, release=30), hold(2, 2, 40, release=50)]
+    assert summarize_contended(holds, (0, 1000), ping_ns=1)["overlaps"] == 2
+
+
+def test_fences_that_do_not_rise_with_grant_order_are_counted() -> None:
+    holds = [hold(0, 0, 10, ticket=1), hold(1, 1, 20, ticket=3), hold(2, 2, 30, ticket=2)]
+    assert summarize_contended(holds, (0, 1000), ping_ns=1)["fence_order_errors"] == 1
+    peers = [hold(0, 0, 10), hold(1, 1, 20)]  # no fences: not judged
+    assert summarize_contended(peers, (0, 1000), ping_ns=1)["fence_order_errors"] is None
 
 
 def test_row_keys_name_the_parser() -> None:

@@ -25,9 +25,10 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.calls import call_ids
+from redis_fifo_lock.holds import violations
 from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.polling import until, until_sync
-from tests.support.record import Record, violations
+from tests.support.record import Record
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"lease_ms": 600, "poll_ms": 100}

@@ -15,9 +15,10 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock.holds import violations
 from redis_fifo_lock.portal import portal
 from tests.support.forking import RAISED, in_child, needs_fork
-from tests.support.record import Record, violations
+from tests.support.record import Record
 
 
 def test_threads_never_overlap_while_holds_span_many_polls(redis_url: str, tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.record import Hold, Line, read_lines
+from redis_fifo_lock.holds import Hold, violations
+from tests.support.record import Line, read_lines
 
 INF = math.inf
 FAULTS_FILE = "faults.rec"
@@ -194,13 +195,6 @@ def resets_tickets(fault: Fault) -> bool:
     return fault.kind == "restart"
 
 
-def resets_fences(fault: Fault) -> bool:
-    """Whether ``fault`` excuses fences that go backwards: none does. Fences are
-    ``max(last + 1, server clock in us)``, so they rise across lost keys,
-    FLUSHDB and restarts of a server on this machine's clock."""
-    return False
-
-
 class LockHistory:
     """The holds and requests of one lock, read from its record."""
 
@@ -316,7 +310,7 @@ class LockHistory:
             hold.exited_ns is None or hold.lost_ns <= hold.exited_ns
         )
 
-    def describe(self, hold: TrackedHold) -> str:
+    def describe(self, hold: Hold) -> str:
         """A short description of ``hold`` for messages."""
         return f"fence {hold.fence} (ticket {hold.ticket}, {hold.token}, pid {hold.pid})"
 
@@ -345,23 +339,16 @@ class LockHistory:
         return found
 
     def fences(self) -> list[str]:
-        """Property 2: fences strictly increase in entry order, between counter losses."""
-        found = []
-        resets = [f for f in self.faults if resets_fences(f)]
-        previous: TrackedHold | None = None
-        for hold in self.holds:
-            # A grant made just before a restart may be entered during it: the
-            # whole span of the fault separates the counters.
-            same_counter = previous is not None and not any(
-                f.within(previous.entered_ns, hold.entered_ns) for f in resets
-            )
-            if same_counter and previous is not None and hold.fence <= previous.fence:
-                found.append(
-                    f"fences on {self.name!r}: {self.describe(hold)} entered after "
-                    f"{self.describe(previous)}"
-                )
-            previous = hold
-        return found
+        """Property 2: fences strictly increase in entry order. No fault excuses a
+        fence that does not: fences are ``max(last + 1, server clock in us)``, so
+        they rise across lost keys, FLUSHDB and restarts of a server on this
+        machine's clock."""
+        return [
+            f"fences on {self.name!r}: {self.describe(found.hold)} entered after "
+            f"{self.describe(found.earlier)}"
+            for found in violations(self.holds, allow_open=True)
+            if found.kind == "fence" and found.earlier is not None
+        ]
 
     def fifo(self) -> list[str]:
         """Property 3: grants in ticket order among live waiters."""

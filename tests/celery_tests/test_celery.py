@@ -23,6 +23,7 @@ from celery.result import AsyncResult
 
 from fifolock_celery import lock_for
 from redis_fifo_lock import LockTimeout, NotReplicated
+from redis_fifo_lock.holds import violations
 from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import (
     RESULT_TIMEOUT_S,
@@ -31,7 +32,6 @@ from tests.support.celery_worker import (
     running_worker,
     unique,
 )
-from tests.support.record import violations
 
 
 def pool(name: str) -> Any:

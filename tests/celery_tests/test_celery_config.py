@@ -43,9 +43,9 @@ from redis_fifo_lock import (
     NotReplicated,
     RedisUnavailable,
 )
+from redis_fifo_lock.holds import violations
 from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import ROOT, Log, unique
-from tests.support.record import violations
 
 # -- settings, decoration rules, outside a worker ------------------------------
 

@@ -15,10 +15,10 @@ import pytest
 from celery import Celery, states
 
 from fifolock_celery import CONTENTION_HEADER, SKIPPED, lock_for
+from redis_fifo_lock.holds import violations
 from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, running_worker
 from tests.support.polling import until_sync
-from tests.support.record import violations
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from celery import Celery
 from kombu.transport.redis import Channel as RedisChannel
 
 from fifolock_celery import lock_for
+from redis_fifo_lock.holds import violations
 from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, running_worker
 from tests.support.polling import until_sync
-from tests.support.record import violations
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,14 @@ from redis.cluster import RedisCluster
 
 from fifolock_celery import LockConfig, LockServer, fifo_locked, start_warnings
 from redis_fifo_lock import LockUsageError
+from redis_fifo_lock.holds import violations
 from redis_fifo_lock.protocol import LockKeys
 from tests.celery_tests import topology_app as topology
 from tests.celery_tests.celery_app import db_url
 from tests.cluster_tests.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
 from tests.sentinel_tests.conftest import sentinel_setup  # noqa: F401  (fixture)
 from tests.support.celery_worker import RESULT_TIMEOUT_S, running_worker, unique
-from tests.support.record import Record, violations
+from tests.support.record import Record
 from tests.support.sentinel import PrivateSentinelSetup
 
 SENTINELS = "sentinel://:pw@s1.example:26379/4;sentinel://s2.example"

@@ -29,7 +29,8 @@ from pathlib import Path
 from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockTimeout, RedisUnavailable
-from tests.support.record import Hold, Record, read_holds, read_lines
+from redis_fifo_lock.holds import Hold
+from tests.support.record import Record, read_holds, read_lines
 
 RETRY_S = 0.05
 """Pause before a call that raised ``RedisUnavailable`` is retried, in seconds."""

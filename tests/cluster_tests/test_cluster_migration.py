@@ -38,11 +38,12 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
+from redis_fifo_lock.holds import violations
 from tests.cluster_tests.actor import Actor, Summary, summary
 from tests.cluster_tests.conftest import LocalCluster, needs_cluster_pubsub
 from tests.cluster_tests.slots import SlotMover
 from tests.support.polling import until
-from tests.support.record import Record, violations
+from tests.support.record import Record
 
 pytestmark = pytest.mark.cluster
 

@@ -27,10 +27,11 @@ from redis.cluster import RedisCluster
 
 from fifolock_django import builtin, cache
 from redis_fifo_lock import LockServer
+from redis_fifo_lock.holds import violations
 from redis_fifo_lock.protocol import LockKeys
 from tests.cluster_tests.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
 from tests.sentinel_tests.conftest import sentinel_setup  # noqa: F401  (fixture)
-from tests.support.record import Record, violations
+from tests.support.record import Record
 from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.filterwarnings("error")

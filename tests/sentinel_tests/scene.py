@@ -22,10 +22,11 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, NotReplicated, RedisUnavailable
+from redis_fifo_lock.holds import Hold
 from redis_fifo_lock.testing import PrivateRedis
 from tests.sentinel_tests.conftest import close_master_client, master_client
 from tests.support.polling import until
-from tests.support.record import Hold, Record
+from tests.support.record import Record
 from tests.support.sentinel import PrivateSentinelSetup, replica_synced
 
 NAME = "failover"

@@ -29,6 +29,7 @@ import pytest
 from redis import Redis
 
 from redis_fifo_lock import Lease
+from redis_fifo_lock.holds import Hold, violations
 from tests.sentinel_tests.scene import (
     Scene,
     overlaps,
@@ -37,7 +38,7 @@ from tests.sentinel_tests.scene import (
     wait_for_replica,
 )
 from tests.support.polling import until, until_sync
-from tests.support.record import Hold, Record, violations
+from tests.support.record import Record
 from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.sentinel

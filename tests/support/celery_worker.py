@@ -29,9 +29,9 @@ from celery import Task
 from celery.exceptions import TimeoutError as ResultTimeout
 from redis import Redis
 
+from redis_fifo_lock.holds import Hold
 from tests.celery_tests import celery_app as tasks
 from tests.support.processes import alive
-from tests.support.record import Hold
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_START_TIMEOUT_S = 30.0

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from redis_fifo_lock import FifoLock
+from redis_fifo_lock.holds import violations
 from tests.support.polling import until
-from tests.support.record import Record, violations
+from tests.support.record import Record
 
 ROOT = Path(__file__).resolve().parents[2]
 

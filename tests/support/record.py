@@ -1,4 +1,4 @@
-"""A shared record of who was inside a critical section, and its checker.
+"""A shared record of who was inside a critical section, read back as holds.
 
 The record is an append-only file, independent of the lock's own keys: each
 holder appends one line on entry and one on exit, written with ``O_APPEND`` in
@@ -9,9 +9,10 @@ system-wide monotonic clock on Linux, comparable across processes of one
 machine.
 
 Every line is ``<kind> <monotonic ns> <pid> <fields...>``, fields separated by
-single spaces. ``enter`` and ``exit`` are all that ``holds()`` and
-``violations()`` need; the other kinds let a richer checker (the adversarial
-suite's, ``tests/adversarial/checker.py``) follow a request from start to end:
+single spaces. ``enter`` and ``exit`` are all that ``holds()`` needs to give
+the ``Hold`` records that ``redis_fifo_lock.holds.violations`` checks; the
+other kinds let a richer checker (the adversarial suite's,
+``tests/adversarial/checker.py``) follow a request from start to end:
 
 ========  ==============================  =====================================
 kind      fields after the pid            written
@@ -32,11 +33,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis_fifo_lock import Lease
+from redis_fifo_lock.holds import Hold
 
 
 class Record:
@@ -133,40 +134,6 @@ def read_lines(path: Path) -> list[Line]:
     return parsed
 
 
-@dataclass
-class Hold:
-    """One hold of a lock, as its holder recorded it: the record of every test
-    that judges exclusion (this file's record, the Celery tasks' record).
-
-    Attributes:
-        fence: the lease's fence (int).
-        ticket: the lease's ticket (int): its place in arrival order.
-        entered_ns: ``time.monotonic_ns()`` just after ``acquire`` returned.
-        exited_ns: ``time.monotonic_ns()`` just before ``release`` was called;
-            None while inside, or when the holder was killed inside.
-        lost: whether the lock told the holder its lease was lost (such a hold
-            may overlap the next one).
-        who: who held it (str, free text), default "".
-        pid: the holder's process id (int), default 0 (not recorded).
-        token: the lease's token (str), default "".
-    """
-
-    fence: int
-    ticket: int
-    entered_ns: int
-    exited_ns: int | None = None
-    lost: bool = False
-    who: str = ""
-    pid: int = 0
-    token: str = ""
-
-    def overlaps(self, other: Hold) -> bool:
-        """Whether the two holds were inside at one moment (an open hold lasts for ever)."""
-        self_end = self.exited_ns if self.exited_ns is not None else float("inf")
-        other_end = other.exited_ns if other.exited_ns is not None else float("inf")
-        return self.entered_ns < other_end and other.entered_ns < self_end
-
-
 def read_holds(path: Path) -> list[Hold]:
     """Parse the record at ``path`` into holds sorted by entry time."""
     holds: dict[str, Hold] = {}
@@ -181,43 +148,3 @@ def read_holds(path: Path) -> list[Hold]:
             holds[token].exited_ns = line.ns
             holds[token].lost = lost == "1"
     return sorted(holds.values(), key=lambda hold: hold.entered_ns)
-
-
-def violations(holds: Sequence[Hold], *, allow_open: bool = False) -> list[str]:
-    """Everything wrong with ``holds`` of one lock, in order of entry; an empty
-    list means the lock held. The one checker of exclusion in the suite (the
-    adversarial checker adds faults, requests and timing on top).
-
-    Checks: never two inside at once (a hold whose lease was marked lost may
-    overlap the next one: the lock told it so); fences strictly increase in
-    entry order; tickets increase in entry order (grants in arrival order);
-    every hold was exited (unless ``allow_open``, for holders that were killed).
-    """
-    found: list[str] = []
-    previous: Hold | None = None
-    latest_exit: Hold | None = None  # among exited holds, the one that left last
-    for hold in holds:
-        if hold.exited_ns is None and not allow_open:
-            found.append(f"hold fence={hold.fence} pid={hold.pid} never exited")
-        if previous is not None:
-            if hold.fence <= previous.fence:
-                found.append(f"fence {hold.fence} entered after fence {previous.fence}")
-            if hold.ticket <= previous.ticket:
-                found.append(f"ticket {hold.ticket} granted after ticket {previous.ticket}")
-        last = latest_exit
-        if (
-            last is not None
-            and last.exited_ns is not None
-            and last.exited_ns > hold.entered_ns
-            and not last.lost
-        ):
-            found.append(
-                f"overlap: fence {hold.fence} (pid {hold.pid}) entered while fence "
-                f"{last.fence} (pid {last.pid}) was inside"
-            )
-        if hold.exited_ns is not None and (
-            last is None or last.exited_ns is None or hold.exited_ns > last.exited_ns
-        ):
-            latest_exit = hold
-        previous = hold
-    return found
