@@ -154,8 +154,8 @@ class LockSpec:
         Args:
             name: lock name or template (str), see ``NameTemplate``.
             func: the task function (its signature fills the template).
-            timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms,
-                replicas, replica_wait_ms: as for ``fifo_locked``.
+            timeout, policy, countdown: as for ``fifo_locked``.
+            lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for ``fifo_locked``.
             spell: how an option is spelled by the user, for error messages.
 
         Raises:
