@@ -6,12 +6,14 @@ For one lock name, the sum of ``MEMORY USAGE`` over every key of the name
 (a) while the lock is held and ``waiters`` requests (one process) wait;
 (b) right after the last release, nobody waiting;
 (c) after the idle window: polled until the name has no key left, or
-    ``idle_timeout_s`` passed (then the figure is what is left).
+    ``idle_timeout_s`` passed (then the figure is what is left);
+(d) on another name, right after ``uses`` acquire/release cycles, each from a
+    fresh ``FifoLock`` on one client and loop: what a hot name costs.
 
 The idle figure is what a name used once costs for good: issue 11 asks for 0.
 Run alone (a private server is started unless ``REDIS_URL`` is set)::
 
-    uv run --all-extras python -m benchmarks.keyspace [--waiters 10] [--lease-ms 1000]
+    uv run --all-extras python -m benchmarks.keyspace [--waiters 10] [--lease-ms 1000] [--uses 5000]
 
 ``benchmarks.run`` runs it as the ``keyspace`` workload, with the size's idle
 timeout (short in the smoke size, which then reports the idle figure it saw).
@@ -76,16 +78,37 @@ async def _held_with_waiters(url: str, name: str, waiters: int, lease_ms: int) -
     return figures
 
 
+async def _hot(url: str, name: str, uses: int, lease_ms: int) -> dict[str, int]:
+    """Phase (d): ``uses`` cycles of ``name``, then its footprint."""
+    client = AsyncRedis.from_url(url)
+    settings: dict[str, Any] = {"lease_ms": lease_ms, "poll_ms": max(1, lease_ms // 2)}
+    try:
+        for _ in range(uses):
+            lock = FifoLock(client, name, **settings)
+            await lock.release(await lock.acquire(timeout=10))
+    finally:
+        await client.aclose()
+    with redis.Redis.from_url(url) as sync:
+        keys, size = name_footprint(sync, name)
+    return {"uses": uses, "hot_keys": keys, "hot_bytes": size}
+
+
 def measure(
-    url: str, *, waiters: int = 10, lease_ms: int = 1000, idle_timeout_s: float = 30.0
+    url: str,
+    *,
+    waiters: int = 10,
+    lease_ms: int = 1000,
+    idle_timeout_s: float = 30.0,
+    uses: int = 0,
 ) -> dict[str, Any]:
-    """The three figures for one fresh lock name on the server at ``url``.
+    """The figures for fresh lock names on the server at ``url``.
 
     Returns:
         ``waiters``, ``lease_ms``, ``held_keys``/``held_bytes`` (a),
         ``released_keys``/``released_bytes`` (b), ``idle_keys``/``idle_bytes`` (c)
         and ``idle_after_s``: seconds from the release until no key was left
-        (None if some were still there after ``idle_timeout_s``).
+        (None if some were still there after ``idle_timeout_s``); with ``uses``
+        > 0 also ``uses``, ``hot_keys``/``hot_bytes`` (d).
     """
     name = f"bench-keyspace-{secrets.token_hex(4)}"
     figures: dict[str, Any] = {"waiters": waiters, "lease_ms": lease_ms}
@@ -101,6 +124,12 @@ def measure(
         figures["idle_window_s"] = idle_timeout_s
         for key in sync.scan_iter(match=f"{KEY_PREFIX}:{{{name}}}:*"):
             sync.delete(key)  # leave a shared server as it was
+    if uses > 0:
+        hot = f"{name}-hot"
+        figures.update(asyncio.run(_hot(url, hot, uses, lease_ms)))
+        with redis.Redis.from_url(url) as sync:
+            for key in sync.scan_iter(match=f"{KEY_PREFIX}:{{{hot}}}:*"):
+                sync.delete(key)
     return figures
 
 
@@ -110,10 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--waiters", type=int, default=10)
     parser.add_argument("--lease-ms", type=int, default=1000)
     parser.add_argument("--idle-timeout-s", type=float, default=30.0)
+    parser.add_argument("--uses", type=int, default=5000)
     args = parser.parse_args(argv)
     with redis_url() as url:
         figures = measure(
-            url, waiters=args.waiters, lease_ms=args.lease_ms, idle_timeout_s=args.idle_timeout_s
+            url,
+            waiters=args.waiters,
+            lease_ms=args.lease_ms,
+            idle_timeout_s=args.idle_timeout_s,
+            uses=args.uses,
         )
     print(json.dumps(figures, indent=1))
     return 0

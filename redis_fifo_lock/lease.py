@@ -33,8 +33,9 @@ class Lease:
             the script call that granted (or last renewed) it was *sent*, so it
             is never later than Redis's expiry of the grant, however late the
             reply was read. ``lost`` is True from then on.
-        call: id (str) of the acquire call the grant answered; with ``token`` it
-            names the request in Redis's record of finished requests.
+        call: id (str) of the acquire call the grant answered,
+            ``"<session>/<seq>"``: it names the request in Redis's record of
+            ended requests (``redis_fifo_lock.calls``).
         pid: id (int) of the process that acquired the lease. Only that process
             can release it: a child forked while the lease was held inherits
             this object but not the hold, and releasing it there raises

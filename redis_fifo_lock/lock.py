@@ -383,11 +383,15 @@ class FifoLock:
             if not requeue:
                 await hub.reclaim(self.keys, waiter.token)
                 await hub.check_eviction_policy(self.name)
-            return await group.enqueue(waiter, requeue=requeue)
+            return await group.enqueue(waiter)
 
+        # A new call each time the request joins the queue, so that a late copy
+        # of the call that lost its place cannot bring it back later.
+        waiter.call = hub.call_ids.new(group.session)
         sent = waiter.sending()
         try:
-            grant, ticket, holder_fence = await _within(send(), deadline)
+            with hub.call_ids.in_flight(self.keys, waiter.call):
+                grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
             await self._give_up(hub, group, waiter)
@@ -641,18 +645,21 @@ class FifoLock:
         # else: the loop that acquired the lease is closed (as after an
         # async_to_sync call), and its renewal stopped with it.
         hub = hub_for(self.client)
+        session = hub.session_for(self.settings)
         try:
-            async with hub.urgent:
-                sent = time.monotonic()
-                outcome, handover = await self._protocol.release(
-                    hub.client,
-                    self.keys,
-                    lease.token,
-                    lease.fence,
-                    self.settings.keep_ms,
-                    lease.call,
-                    hub.session_for(self.settings),
-                )
+            with hub.call_ids.in_flight(self.keys, lease.call):
+                async with hub.urgent:
+                    sent = time.monotonic()
+                    outcome, handover = await self._protocol.release(
+                        hub.client,
+                        self.keys,
+                        lease.token,
+                        lease.fence,
+                        self.settings.keep_ms,
+                        lease.call,
+                        session,
+                        hub.call_ids.floor(self.keys, session),
+                    )
         except BaseException:
             lease.releasing = False
             raise

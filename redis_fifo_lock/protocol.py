@@ -203,6 +203,7 @@ ENDED_HOW = (
     "withdrawn",
     "lost (its lease expired)",
     "dropped (its process was presumed dead)",
+    "ended (its process had already settled it)",
 )
 """How a request ended, by the code the acquire script refuses a finished request with."""
 WITHDRAWN, GAVE_BACK, NOTHING = 1, 2, 0
@@ -299,13 +300,12 @@ class Protocol:
         settings: LockSettings,
         *,
         call: str,
-        requeue: bool = False,
+        floor: str,
     ) -> tuple[Grant | None, int, int]:
         """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
 
-        ``call``: id of this acquire call (see acquire.lua). ``requeue``: the
-        request lost its place (its grant expired unclaimed, or its session was
-        presumed dead) and joins again at the back.
+        ``call``: id of this acquire call, "<session>/<seq>" (see lib.lua);
+        ``floor``: the session's floor for this lock (see ``Calls.floor``).
 
         Raises:
             NotReplicated: (with ``replicas``) granted, but not acknowledged by
@@ -321,7 +321,7 @@ class Protocol:
             settings.max_hold_ms,
             settings.lease_ms,
             settings.keep_ms,
-            int(requeue),
+            floor,
             call,
         )
         acked = 0
@@ -338,8 +338,8 @@ class Protocol:
             raise LockUsageError(
                 keys.name,
                 f"the request with token {token!r} already ended "
-                f"({ENDED_HOW[int(reply[1])]}) less than {settings.keep_ms} ms ago; "
-                "call acquire again",
+                f"({ENDED_HOW[int(reply[1])]}): this was a late copy of its acquire "
+                "call; call acquire again",
             )
         return None, int(reply[1]), int(reply[2])
 
@@ -375,16 +375,18 @@ class Protocol:
         fence: int,
         keep_ms: int,
         call: str,
-        session: str = "-",
+        session: str,
+        floor: str,
     ) -> tuple[int, tuple[str, Grant] | None]:
-        """Release (token, fence), granted to acquire call ``call``.
+        """Release (token, fence), granted to acquire call ``call``; ``floor`` is
+        ``session``'s floor for this lock (see ``Calls.floor``).
 
         Returns (RELEASED, ALREADY_RELEASED or NOT_HELD; the hand-over), where the
         hand-over is (token, grant) when the lock went to a waiter of ``session``
         (not rung: the caller hands it over), else None.
         """
         reply = await self._call(
-            client, keys, "release", keys.doorbell, token, fence, keep_ms, call, session
+            client, keys, "release", keys.doorbell, token, fence, keep_ms, call, session, floor
         )
         handover = None
         if len(reply) > 1:
@@ -421,13 +423,24 @@ class Protocol:
         session: str,
         keep_ms: int,
         call: str,
+        floor: str,
     ) -> int:
         """Withdraw request (token, ticket) of ``session`` (ticket 0: not known,
-        then the request made by acquire call ``call``); returns WITHDRAWN,
+        then the request made by acquire call ``call``); ``floor`` is the
+        session's floor for this lock (see ``Calls.floor``). Returns WITHDRAWN,
         GAVE_BACK or NOTHING."""
         return int(
             await self._call(
-                client, keys, "withdraw", keys.doorbell, token, ticket, session, keep_ms, call
+                client,
+                keys,
+                "withdraw",
+                keys.doorbell,
+                token,
+                ticket,
+                session,
+                keep_ms,
+                call,
+                floor,
             )
         )
 

@@ -214,9 +214,10 @@ class LockSettings:
     @property
     def keep_ms(self) -> int:
         """Milliseconds a lock name's keys outlive its last use (no holder, no
-        waiter, no script call), and a finished request is remembered so that a
-        late copy of one of its scripts changes nothing: twice ``lease_ms``, at
-        least ``KEEP_FLOOR_MS`` (10 s)."""
+        waiter, no script call), and a process's records of ended requests
+        outlive the last script that spoke of that process, so that a late
+        copy of one of its scripts changes nothing (``redis_fifo_lock.calls``):
+        twice ``lease_ms``, at least ``KEEP_FLOOR_MS`` (10 s)."""
         return max(2 * self.lease_ms, KEEP_FLOOR_MS)
 
     @property

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
+from .calls import UNKNOWN_CALL, CallIds
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy
@@ -65,7 +66,9 @@ class Waiter:
 
     Attributes:
         token: the request's token (str).
-        call: the id (str) of the acquire call waiting, unique per call.
+        call: the id (str) of the acquire call waiting (``redis_fifo_lock.calls``),
+            ``UNKNOWN_CALL`` until the first is made; a new one each time the
+            request joins the queue.
         ticket: its ticket (int) once the acquire script replied, else None.
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
         granted: a grant handed over by a release of this process (the reply to
@@ -76,7 +79,7 @@ class Waiter:
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
         self.token = token
-        self.call = secrets.token_hex(8)
+        self.call = UNKNOWN_CALL
         self.ticket: int | None = None
         self.queued_at: float | None = None
         self.granted: tuple[Grant, float] | None = None
@@ -178,12 +181,11 @@ class WaitGroup:
         if waiter is not None:
             waiter.hint()
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
-            self.hub.withdraw(self, token, grant.ticket, "-")
+            self.hub.withdraw(self, token, grant.ticket, UNKNOWN_CALL)
 
-    async def enqueue(
-        self, waiter: Waiter, *, requeue: bool = False
-    ) -> tuple[Grant | None, int, int]:
-        """Run the acquire script for ``waiter``: (grant or None, ticket, holder fence)."""
+    async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int]:
+        """Run the acquire script for ``waiter``'s call (in flight, see
+        ``CallIds.new``): (grant or None, ticket, holder fence)."""
         async with self.hub.calls:
             return await self.protocol.acquire(
                 self.hub.client,
@@ -192,7 +194,7 @@ class WaitGroup:
                 self.session,
                 self.settings,
                 call=waiter.call,
-                requeue=requeue,
+                floor=self.hub.call_ids.floor(self.keys, self.session),
             )
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
@@ -311,6 +313,7 @@ class Hub:
             groups' sessions.
         calls: the lane for enqueues, claims, polls, withdrawals and status reads.
         urgent: the lane for renewals and releases.
+        call_ids: this hub's acquire call ids and the floors sent with them.
         leases: the leases granted through this hub and not yet released, by
             lock keys and token (held weakly).
     """
@@ -322,6 +325,7 @@ class Hub:
         self.doorbell = Doorbell(self._client)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
+        self.call_ids = CallIds()
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
         self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
             weakref.WeakValueDictionary()
@@ -364,7 +368,7 @@ class Hub:
             waiter.hint()
         elif (keys, token) not in self.leases:
             owner = group or WaitGroup(self, keys, settings, protocol)
-            self.withdraw(owner, token, grant.ticket, "-")
+            self.withdraw(owner, token, grant.ticket, UNKNOWN_CALL)
 
     def group(self, keys: LockKeys, settings: LockSettings, protocol: Protocol) -> WaitGroup:
         """The wait group of this lock, created on first use."""
@@ -398,6 +402,7 @@ class Hub:
         if len(self._withdrawals) >= MAX_WITHDRAWALS:
             oldest = next(iter(self._withdrawals))
             dropped = self._withdrawals.pop(oldest)
+            self.call_ids.leave(dropped.group.keys, dropped.call)
             dropped.done.cancel()
             log.warning(
                 "FIFO lock %r: more than %d withdrawals pending while Redis does not "
@@ -408,6 +413,7 @@ class Hub:
             )
         done = self.loop.create_future()
         self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
+        self.call_ids.enter(group.keys, call)
         if self._withdrawer is None or self._withdrawer.done():
             self._withdrawer = self.loop.create_task(self._withdraw_pending())
         return done
@@ -423,6 +429,7 @@ class Hub:
             return
         if not pending.sending:
             del self._withdrawals[key]
+            self.call_ids.leave(keys, pending.call)
             pending.done.cancel()
             return
         await asyncio.wait({pending.done}, timeout=WITHDRAW_TRY_S)
@@ -434,6 +441,7 @@ class Hub:
             for (key, withdrawal), done in zip(batch, results, strict=True):
                 if done and self._withdrawals.get(key) is withdrawal:
                     del self._withdrawals[key]
+                    self.call_ids.leave(withdrawal.group.keys, withdrawal.call)
                     if not withdrawal.done.done():
                         withdrawal.done.set_result(None)
             if not all(results):
@@ -455,6 +463,7 @@ class Hub:
                         group.session,
                         group.settings.keep_ms,
                         withdrawal.call,
+                        self.call_ids.floor(group.keys, group.session),
                     ),
                     WITHDRAW_TRY_S,
                 )

@@ -8,14 +8,14 @@
 -- ARGV[4] lease_ms: lease length in milliseconds for a grant to this request
 -- ARGV[5] max_hold_ms: total renewal budget in milliseconds
 -- ARGV[6] alive_ms: how long the session counts as alive from now, in milliseconds
--- ARGV[7] keep_ms: how long, in milliseconds, an idle name's keys and a
---         finished request's record are kept
--- ARGV[8] requeue: 1 when the request lost its place (its grant expired
---         unclaimed, or its session was presumed dead) and joins again at the
---         back; 0 for a first (or re-sent) acquire
--- ARGV[9] call: id of the acquire call sending this (unique per call); a call
---         that finds its token queued or granted takes that request over, and
---         the call it replaces counts as ended
+-- ARGV[7] keep_ms: how long, in milliseconds, an idle name's keys, and the
+--         records of a session no script spoke of, are kept
+-- ARGV[8] floor: the calling session's floor (12 hex digits, see lib.lua)
+-- ARGV[9] call: id of the acquire call sending this, "<session>/<seq>" (see
+--         lib.lua); a call that finds its token queued or granted takes that
+--         request over, and the call it replaces counts as ended. A request
+--         that lost its place (its grant expired unclaimed, or its session was
+--         presumed dead) joins again at the back with a new call
 --
 -- Returns:
 --   {1, fence, ticket, pttl_ms}  granted (now, or already: a re-sent acquire
@@ -27,37 +27,36 @@
 --                                ENDED_* code): a late copy changes nothing
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local keep_ms, requeue, call = tonumber(ARGV[7]), ARGV[8] == '1', ARGV[9]
+local keep_ms, floor, call = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local now, now_us = clock()
+advance(session, floor, now, keep_ms)
 
 -- A call whose request ended, or was taken over by a later call of the same
--- token: a late copy of it changes nothing. Only a request that lost its place
--- without giving it up may come back (requeue).
-local how = ended(token, call)
-if how and not (requeue and (how == ENDED_LOST or how == ENDED_DROPPED)) then
-    return {-1, how}
-end
+-- token: a late copy of it changes nothing. (A request still queued or held
+-- under this call is found below, whatever the floor says.)
+local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'ticket', 'call')
+local queued = tonumber(redis.call('ZSCORE', K_QUEUE, token))
+local queued_call = queued and (waiter_of(token) or {})[4]
+local how = held[4] ~= call and queued_call ~= call and ended(call)
 if how then
-    redis.call('ZREM', K_FINISHED, token .. ' ' .. call)
+    return {-1, how}
 end
 
 -- A retry of the token (a new call) takes its request over; the call it
 -- replaces is recorded as ended, so that nothing it sent late acts again.
-local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'ticket', 'call')
 if held[1] == token then
     if held[4] ~= call then
-        finish(token, held[4] or '-', ENDED_WITHDRAWN, now, keep_ms)
+        finish(held[4] or '-', ENDED_WITHDRAWN, now)
         redis.call('HSET', K_LEASE, 'call', call)
         redis.call('HSET', K_COUNTERS, 'holder_call', call)
     end
     return {1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE)}
 end
 
-local ticket = tonumber(redis.call('ZSCORE', K_QUEUE, token))
+local ticket = queued
 if ticket then
-    local waiter = waiter_of(token)
-    if waiter and waiter[4] ~= call then
-        finish(token, waiter[4], ENDED_WITHDRAWN, now, keep_ms)
+    if queued_call and queued_call ~= call then
+        finish(queued_call, ENDED_WITHDRAWN, now)
     end
 else
     ticket = next_number('ticket', now_us)
@@ -67,7 +66,7 @@ redis.call('HSET', K_WAITERS, token,
     session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
-local granted = grant_next(now, now_us, doorbell, keep_ms, token, false)
+local granted = grant_next(now, now_us, doorbell, token, false)
 touch(keep_ms)
 if granted and granted[1] == token then
     return {1, granted[2], granted[3], granted[4]}

@@ -10,13 +10,23 @@
 --   KEYS[5] counters  hash {ticket, fence}: the last ticket and fence issued;
 --                     {holder, holder_call}: the grant last made and not yet
 --                     ended by a script (to notice that its lease expired)
---   KEYS[6] finished  sorted set: "<token> <call>" -> finished_ms * 4 + how the
---                     request ended (ENDED_*), kept keep_ms: recognises a re-sent
---                     script
+--   KEYS[6] finished  sorted set, every score 0, read by member (ZRANGEBYLEX):
+--                     "<call> <how>": the request made by acquire call <call>
+--                     ended (ENDED_*); and per session "<session>/~ <floor> <ms>":
+--                     that session's floor (see advance) and when (server ms) a
+--                     script last spoke of it. Recognises a re-sent script.
 --
 -- A request is named by its token (the caller's, kept across retries) and the
 -- id of the acquire call that made it, or adopted it (a retry with the same
 -- token takes the queued request over). Redis gives it a ticket when it queues.
+-- A call id is "<session>/<seq>": the session of the process that sent it and
+-- a number (12 hex digits) that process never uses twice and issues in order.
+-- The process sends with each acquire, release and withdraw its floor: the
+-- lowest seq of its requests on this lock with a call in flight (or about to
+-- be sent). Every request of that session below the floor that is not queued
+-- or held has ended and can be refused without a record, so the records kept
+-- are only those of requests whose process is still talking about them: a
+-- handful, however often the name is used.
 --
 -- Every script that writes ends with touch(keep_ms): all keys but the lease
 -- expire once the name has been idle (no script at all) for keep_ms, so an
@@ -25,8 +35,9 @@
 local K_QUEUE, K_WAITERS, K_ALIVE, K_LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_COUNTERS, K_FINISHED = KEYS[5], KEYS[6]
 
--- How a request ended, in the low two bits of its score in K_FINISHED.
-local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED = 0, 1, 2, 3
+-- How a request ended, in its record in K_FINISHED.
+-- ENDED_SETTLED: below its session's floor, with no record of how.
+local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED, ENDED_SETTLED = 0, 1, 2, 3, 4
 
 -- An integer as Redis stores it: tostring() would write 1.7e+15.
 local function int(n)
@@ -51,17 +62,85 @@ local function next_number(field, now_us)
     return n
 end
 
--- Record that request (token, call) ended (ENDED_*), and forget requests that
--- ended more than keep_ms ago.
-local function finish(token, call, how, now, keep_ms)
-    redis.call('ZADD', K_FINISHED, int(now * 4 + how), token .. ' ' .. call)
-    redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', '(' .. int((now - keep_ms) * 4))
+-- The session and seq of a call id, or nil for an unknown call ('-').
+local function split_call(call)
+    return string.match(call, '^(%S+)/(%x+)$')
 end
 
--- How request (token, call) ended (ENDED_*), or nil if it did not end within keep_ms.
-local function ended(token, call)
-    local score = tonumber(redis.call('ZSCORE', K_FINISHED, token .. ' ' .. call))
-    return score and score % 4
+-- A session's {floor, ms} entry in K_FINISHED, or nil.
+local function floor_of(session)
+    local entry = redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
+    if not entry[1] then
+        return nil
+    end
+    local floor, ms = string.match(entry[1], ' (%x+) (%d+)$')
+    return {floor, tonumber(ms)}
+end
+
+local function set_floor(session, floor, now)
+    redis.call('ZREMRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
+    redis.call('ZADD', K_FINISHED, 0, session .. '/~ ' .. floor .. ' ' .. int(now))
+end
+
+-- Forget every session no script spoke of for keep_ms, with its records: its
+-- late copies are older than any client retry. Run when a new session first
+-- speaks, so the sessions kept are those heard from within keep_ms.
+local function forget_silent(now, keep_ms)
+    local heard = {}
+    local entries = redis.call('ZRANGEBYLEX', K_FINISHED, '-', '+')
+    for _, entry in ipairs(entries) do
+        local session, ms = string.match(entry, '^(%S+)/~ %x+ (%d+)$')
+        if session and tonumber(ms) >= now - keep_ms then
+            heard[session] = true
+        end
+    end
+    for _, entry in ipairs(entries) do
+        local session = string.match(entry, '^(%S+)/')
+        if not heard[session] then
+            redis.call('ZREM', K_FINISHED, entry)
+        end
+    end
+end
+
+-- `session` (the caller) says its requests below seq `floor` (12 hex digits)
+-- that are not queued or held have ended: their records go, and the floor is
+-- kept (it never goes down: a late copy carries an older one).
+local function advance(session, floor, now, keep_ms)
+    local old = floor_of(session)
+    if not old then
+        forget_silent(now, keep_ms)
+    elseif old[1] > floor then
+        floor = old[1]
+    end
+    redis.call('ZREMRANGEBYLEX', K_FINISHED, '[' .. session .. '/', '(' .. session .. '/' .. floor)
+    set_floor(session, floor, now)
+end
+
+-- Record that the request made by `call` ended (ENDED_*). The record lives
+-- while its session speaks of it (see advance), and keep_ms after.
+local function finish(call, how, now)
+    local session = split_call(call)
+    if not session then
+        return
+    end
+    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)
+    local floor = floor_of(session)
+    set_floor(session, floor and floor[1] or '0', now)
+end
+
+-- How the request made by `call` ended (ENDED_*), or nil if it did not (or too
+-- long ago to tell: its session has been silent for keep_ms).
+local function ended(call)
+    local record = redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. call .. ' ', '[' .. call .. ' ~', 'LIMIT', 0, 1)
+    if record[1] then
+        return tonumber(string.match(record[1], ' (%d+)$'))
+    end
+    local session, seq = split_call(call)
+    local floor = session and floor_of(session)
+    if floor and seq < floor[1] then
+        return ENDED_SETTLED
+    end
+    return nil
 end
 
 -- A queued request's {session, lease_ms, max_hold_ms, call}, or nil.
@@ -91,10 +170,10 @@ local function current_grant()
 end
 
 -- The grant ended by a script (released or given back): it is not lost.
-local function end_grant(token, call, how, now, keep_ms)
+local function end_grant(call, how, now)
     redis.call('DEL', K_LEASE)
     redis.call('HDEL', K_COUNTERS, 'holder', 'holder_call')
-    finish(token, call, how, now, keep_ms)
+    finish(call, how, now)
 end
 
 -- Hand the lock to the first live waiter when nobody holds it (the hand-off).
@@ -112,14 +191,14 @@ end
 -- without the channel) must not fail the script after its writes; the waiter
 -- then finds its grant by polling.
 -- Returns the new grant as {token, fence, ticket, pttl_ms, call, session}, or nil.
-local function grant_next(now, now_us, doorbell, keep_ms, caller_token, caller_session)
+local function grant_next(now, now_us, doorbell, caller_token, caller_session)
     if redis.call('EXISTS', K_LEASE) == 1 then
         return nil
     end
     local expired = redis.call('HMGET', K_COUNTERS, 'holder', 'holder_call')
     if expired[1] then
         redis.call('HDEL', K_COUNTERS, 'holder', 'holder_call')
-        finish(expired[1], expired[2] or '-', ENDED_LOST, now, keep_ms)
+        finish(expired[2] or '-', ENDED_LOST, now)
     end
     redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', now)
     while true do
@@ -148,6 +227,6 @@ local function grant_next(now, now_us, doorbell, keep_ms, caller_token, caller_s
         end
         -- Dead waiter (or an entry whose metadata was lost): skipped, and
         -- recorded, so that a late copy of its acquire cannot queue it again.
-        finish(token, waiter and waiter[4] or '-', ENDED_DROPPED, now, keep_ms)
+        finish(waiter and waiter[4] or '-', ENDED_DROPPED, now)
     end
 end

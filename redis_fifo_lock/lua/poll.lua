@@ -17,7 +17,7 @@ local doorbell, session = ARGV[1], ARGV[2]
 local alive_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now, now_us = clock()
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
-grant_next(now, now_us, doorbell, keep_ms, false, false)
+grant_next(now, now_us, doorbell, false, false)
 touch(keep_ms)
 local held = current_grant() or {false, 0, 0, 0}
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')

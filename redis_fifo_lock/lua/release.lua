@@ -9,30 +9,38 @@
 -- ARGV[5] call: id of the acquire call the lease answered (see acquire.lua)
 -- ARGV[6] session of the releasing process: a grant to one of its own waiters
 --         is returned, not rung (it hands over without a pub/sub hop)
+-- ARGV[7] floor: that session's floor (see lib.lua)
 --
 -- Returns {outcome} or, when the lock went to a waiter of `session`,
 -- {outcome, token, fence, ticket, pttl_ms, call}; outcome is:
 --    1  released (and handed off if anyone was waiting)
 --    0  this lease was already released: a re-sent release (hands off if the
---       first one freed the lock without doing so)
+--       first one freed the lock without doing so), or a late copy of one
+--       whose process has settled the request (ENDED_SETTLED)
 --   -1  the lease is not held: it expired or was never granted (lease lost)
 local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local keep_ms, call, session = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local keep_ms, call, session, floor = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
 local now, now_us = clock()
+advance(session, floor, now, keep_ms)
 local held = current_grant()
 local result = -1
 if held and held[1] == token and held[2] == fence then
-    end_grant(token, call, ENDED_RELEASED, now, keep_ms)
+    end_grant(call, ENDED_RELEASED, now)
     result = 1
-elseif ended(token, call) == ENDED_RELEASED then
+else
     -- A re-sent release. The first one may have been cut short after freeing
     -- the lock (a Redis Cluster slot migrating mid-script): the hand-off below
-    -- then happens now, rather than at the next poll.
-    result = 0
+    -- then happens now, rather than at the next poll. Below its session's
+    -- floor (ENDED_SETTLED) its process had its answer already: this copy is
+    -- late, and nobody reads its reply.
+    local how = ended(call)
+    if how == ENDED_RELEASED or how == ENDED_SETTLED then
+        result = 0
+    end
 end
 -- Also when the lease is not held: if it expired unseen, the lock is free and
 -- the next waiter need not wait for its poll.
-local granted = grant_next(now, now_us, doorbell, keep_ms, false, session)
+local granted = grant_next(now, now_us, doorbell, false, session)
 touch(keep_ms)
 if granted and granted[6] == session then
     return {result, granted[1], granted[2], granted[3], granted[4], granted[5]}

@@ -15,14 +15,16 @@
 -- ARGV[4] session id of the process that made the request
 -- ARGV[5] keep_ms: see acquire.lua
 -- ARGV[6] call: id of the acquire call that made the request (see acquire.lua)
+-- ARGV[7] floor: the session's floor (see lib.lua)
 --
 -- Returns:
 --   1  withdrawn from the queue (cancelled before the grant)
 --   2  the grant had landed and was given back (cancelled after the grant)
 --   0  nothing to withdraw (never queued, or already ended)
 local doorbell, token, ticket = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local session, keep_ms, call = ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local session, keep_ms, call, floor = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local now, now_us = clock()
+advance(session, floor, now, keep_ms)
 local result = 0
 
 -- Whether the request (queued or holding) with `its_ticket` and `its_call` is this one.
@@ -42,14 +44,14 @@ local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'session', 'call')
 if waiter and is_this(waiter[1], queued, waiter[4]) then
     redis.call('ZREM', K_QUEUE, token)
     redis.call('HDEL', K_WAITERS, token)
-    finish(token, waiter[4], ENDED_WITHDRAWN, now, keep_ms)
+    finish(waiter[4], ENDED_WITHDRAWN, now)
     result = 1
 elseif held[1] == token and is_this(held[3], tonumber(held[2]), held[4]) then
-    end_grant(token, held[4], ENDED_WITHDRAWN, now, keep_ms)
+    end_grant(held[4], ENDED_WITHDRAWN, now)
     result = 2
-elseif ticket == 0 and not ended(token, call) then
-    finish(token, call, ENDED_WITHDRAWN, now, keep_ms)
+elseif ticket == 0 and not ended(call) then
+    finish(call, ENDED_WITHDRAWN, now)
 end
-grant_next(now, now_us, doorbell, keep_ms, false, false)
+grant_next(now, now_us, doorbell, false, false)
 touch(keep_ms)
 return result

@@ -72,11 +72,11 @@ class RecordingProtocol(Protocol):
         settings: LockSettings,
         *,
         call: str,
-        requeue: bool = False,
+        floor: str,
     ) -> tuple[Grant | None, int, int]:
         grant, ticket, holder = await self._guard(
             "acquire",
-            self.inner.acquire(client, keys, token, session, settings, call=call, requeue=requeue),
+            self.inner.acquire(client, keys, token, session, settings, call=call, floor=floor),
         )
         self.record.queued(token, ticket, grant is not None)
         return grant, ticket, holder
@@ -94,10 +94,11 @@ class RecordingProtocol(Protocol):
         fence: int,
         keep_ms: int,
         call: str,
-        session: str = "-",
+        session: str,
+        floor: str,
     ) -> tuple[int, tuple[str, Grant] | None]:
         return await self._guard(
-            "release", self.inner.release(client, keys, token, fence, keep_ms, call, session)
+            "release", self.inner.release(client, keys, token, fence, keep_ms, call, session, floor)
         )
 
     async def renew(
@@ -114,9 +115,11 @@ class RecordingProtocol(Protocol):
         session: str,
         keep_ms: int,
         call: str,
+        floor: str,
     ) -> int:
         return await self._guard(
-            "withdraw", self.inner.withdraw(client, keys, token, ticket, session, keep_ms, call)
+            "withdraw",
+            self.inner.withdraw(client, keys, token, ticket, session, keep_ms, call, floor),
         )
 
     async def poll(

@@ -206,7 +206,9 @@ class AbandoningLock(FifoLock):
         requeue: bool,
     ) -> Lease | None:
         forgetful: Any = _ForgetfulHub(hub)
-        return await super()._enqueue(forgetful, group, waiter, started, deadline, requeue=requeue)
+        return await super()._enqueue(
+            forgetful, group, waiter, started, deadline, requeue=requeue
+        )
 
 
 class DoorbellOnlyGroup(WaitGroup):
@@ -262,7 +264,7 @@ class SplitGrantProtocol(Protocol):
         super().__init__(**overrides)
         body = (
             "\nlocal now, now_us = clock()\n"
-            "local g = grant_next(now, now_us, ARGV[1], tonumber(ARGV[2]), ARGV[3], false)\n"
+            "local g = grant_next(now, now_us, ARGV[1], ARGV[3], false)\n"
             "touch(tonumber(ARGV[2]))\n"
             "if g then return g end\nreturn false\n"
         )
@@ -298,10 +300,10 @@ class SplitGrantProtocol(Protocol):
         settings: LockSettings,
         *,
         call: str,
-        requeue: bool = False,
+        floor: str,
     ) -> tuple[Grant | None, int, int]:
         grant, ticket, holder = await super().acquire(
-            client, keys, token, session, settings, call=call, requeue=requeue
+            client, keys, token, session, settings, call=call, floor=floor
         )
         if grant is None:
             made = await self._hand_off(client, keys, settings.keep_ms, token)
@@ -317,10 +319,11 @@ class SplitGrantProtocol(Protocol):
         fence: int,
         keep_ms: int,
         call: str,
-        session: str = "-",
+        session: str,
+        floor: str,
     ) -> tuple[int, tuple[str, Grant] | None]:
         outcome, handover = await super().release(
-            client, keys, token, fence, keep_ms, call, session
+            client, keys, token, fence, keep_ms, call, session, floor
         )
         if outcome == RELEASED:
             await self._hand_off(client, keys, keep_ms)
@@ -335,8 +338,11 @@ class SplitGrantProtocol(Protocol):
         session: str,
         keep_ms: int,
         call: str,
+        floor: str,
     ) -> int:
-        outcome = await super().withdraw(client, keys, token, ticket, session, keep_ms, call)
+        outcome = await super().withdraw(
+            client, keys, token, ticket, session, keep_ms, call, floor
+        )
         if outcome in (WITHDRAWN, GAVE_BACK):
             await self._hand_off(client, keys, keep_ms)
         return outcome
@@ -439,9 +445,9 @@ MUTANTS: dict[str, Mutant] = {
             "the grant is a read round trip (is it free?) then a write round trip (grant)",
             lua=(
                 _all(
-                    "local function grant_next(now, now_us, doorbell, keep_ms, caller_token, "
+                    "local function grant_next(now, now_us, doorbell, caller_token, "
                     "caller_session)\n",
-                    "local function grant_next(now, now_us, doorbell, keep_ms, caller_token, "
+                    "local function grant_next(now, now_us, doorbell, caller_token, "
                     "caller_session)\n"
                     "    do return nil end -- MUTANT split-grant: granted from Python\n",
                 ),
@@ -534,12 +540,24 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "history-by-count",
-            "the record of finished requests keeps the last 64 by rank, not by age",
+            "the record of finished requests keeps the last 64 entries, not those "
+            "their processes still speak of",
             lua=(
                 _all(
-                    "redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', "
-                    "'(' .. int((now - keep_ms) * 4))",
-                    "redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, -65) -- MUTANT",
+                    "    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)\n",
+                    "    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)\n"
+                    "    redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, -65) -- MUTANT\n",
+                ),
+            ),
+        ),
+        Mutant(
+            "floor-ignored",
+            "records below a session's floor are dropped, but a late copy of a call "
+            "below the floor is not refused: it queues an ended request again",
+            lua=(
+                _all(
+                    "    if floor and seq < floor[1] then\n",
+                    "    if false then -- MUTANT floor-ignored\n",
                 ),
             ),
         ),

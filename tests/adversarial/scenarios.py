@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan, recorded
 from tests.adversarial.checker import Report, check
 from tests.adversarial.clients import StagedRedis, make_client
@@ -1838,20 +1839,28 @@ async def ring_read_late(ctx: Context) -> Outcome:
 
 
 HISTORY_GRANTS = 80
-"""Grants made between a release and its late copy: more than a count-bounded
-history of 64 keeps, far less than the lock's keep_ms (10 s) of history."""
+"""Grants made (each by a process of its own) between a release and its late
+copy: more records than a count-bounded history of 64 keeps."""
 
 
 async def _release_replayed(arena: Arena) -> list[str]:
     """A release re-sent after many other grants is recognised as already done."""
-    lock_a, actor_a, lease_a = await arena.enter("a")
+    lock_a, actor_a = arena.contender("a")
+    # The first session in the record's order: a history trimmed by count
+    # (mutant history-by-count) drops its records first.
+    hub_for(lock_a.client).session = "0" * 16
+    token_a = f"a-{arena.ctx.rng.getrandbits(20):05x}"
+    lease_a = await actor_a.acquire(lock_a, token_a, Plan(0, timeout_s=5))
+    assert lease_a is not None, "a could not enter"
     actor_a.record.exit(lease_a)
     with tapped("release", lease_a.token) as calls:
         first = await actor_a.release(lock_a, lease_a, Plan(0))
     if len(calls) != 1:
         return [f"captured {len(calls)} release calls, expected 1"]
-    lock_b, actor_b = arena.contender("b")
     for round_ in range(HISTORY_GRANTS):
+        # Each from a client of its own: a session that never speaks again keeps
+        # its record for keep_ms, so the history holds more than 64 records.
+        lock_b, actor_b = arena.contender(f"b{round_}")
         token = f"b-{round_}-{arena.ctx.rng.getrandbits(16):04x}"
         if await actor_b.attempt(lock_b, token, Plan(0, timeout_s=5)) is None:
             return [f"grant {round_} of {HISTORY_GRANTS} failed"]
@@ -1864,6 +1873,31 @@ async def _release_replayed(arena: Arena) -> list[str]:
             f"a release re-sent after {HISTORY_GRANTS} grants got {reply}, not 'already "
             "released': the history forgot it (a false LeaseLost)"
         )
+    return problems
+
+
+async def _acquire_replayed(arena: Arena) -> list[str]:
+    """A late copy of an acquire, arriving after its request was granted and
+    released and after its process moved on (so Redis dropped the request's
+    record): refused, it queues nothing and grants nothing."""
+    lock_a, actor_a = arena.contender("a")
+    token = f"a-{arena.ctx.rng.getrandbits(20):05x}"
+    with tapped("acquire", token) as calls:
+        if await actor_a.attempt(lock_a, token, Plan(0, timeout_s=5)) is None:
+            return ["a was not granted"]
+    if len(calls) != 1:
+        return [f"captured {len(calls)} acquire calls, expected 1"]
+    for round_ in range(3):  # a's process moves on: its floor passes the request
+        later = f"a-{round_}-{arena.ctx.rng.getrandbits(16):04x}"
+        if await actor_a.attempt(lock_a, later, Plan(0, timeout_s=5)) is None:
+            return [f"a's later request {round_} was not granted"]
+    reply = await calls[0].replay()
+    status = await lock_a.status()
+    problems = []
+    if int(reply[0]) != -1:
+        problems.append(f"a late copy of a released request's acquire got {reply}, not refused")
+    if status.held or status.waiting:
+        problems.append(f"after the late copy the lock shows {status}")
     return problems
 
 
@@ -1909,7 +1943,7 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
     late = arena.lock(arena.admin)._protocol
     keep_ms = lock_v.settings.keep_ms
     reply = await late.withdraw(
-        arena.admin, arena.keys, token, first_ticket, session, keep_ms, "late-copy"
+        arena.admin, arena.keys, token, first_ticket, session, keep_ms, "late-copy", "0" * 12
     )
     problems = [] if reply == 0 else [f"a late withdraw of v's first ticket gave {reply}"]
     problems += await arena.served(waiting, token, 10.0)
@@ -1921,8 +1955,14 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
 
 @scenario(
     "late-replays",
-    kills=("history-by-count", "withdraw-by-token-alone", "renew-no-owner-check"),
-    faults="a release re-sent after 80 other grants; a late renewal of a released lease; "
+    kills=(
+        "history-by-count",
+        "withdraw-by-token-alone",
+        "renew-no-owner-check",
+        "floor-ignored",
+    ),
+    faults="a release re-sent after 80 other grants; a late acquire of a released request; "
+    "a late renewal of a released lease; "
     "a late withdraw of a request that "
     "joined again under the same token",
 )
@@ -1935,6 +1975,7 @@ async def late_replays(ctx: Context) -> Outcome:
     problems: list[str] = []
     cases = {
         "release": _release_replayed,
+        "acquire": _acquire_replayed,
         "renew": _renew_replayed,
         "withdraw": _withdraw_replayed,
     }

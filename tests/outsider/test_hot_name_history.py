@@ -7,7 +7,9 @@ adds an entry ("<token> <call>") to ``fifolock:{name}:finished`` that is kept
 for ``keep_ms`` (2 * lease_ms: 120 s at the defaults), so with the default
 settings 5,000 acquire/release cycles (about 2.5 s of work) leave ~780 KB in
 one key, held for two minutes; a name used 2,000 times a second holds ~40 MB.
-The suite's own test for this waits out the idle window before measuring.
+The suite's own test for this waited out the idle window before measuring.
+Fixed: records are kept only while their process may still ask for them (call
+ids with per-session floors, see ``redis_fifo_lock/calls.py``).
 """
 
 from __future__ import annotations
@@ -22,11 +24,6 @@ from redis_fifo_lock import FifoLock
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 11 item 6): the record of ended requests is kept by age, so "
-    "it grows with a name's use rate; bounding it needs a per-process watermark",
-)
 async def test_five_thousand_cycles_of_one_name_at_default_settings_stay_small(
     redis: Redis, aredis: AsyncRedis
 ) -> None:
