@@ -1,22 +1,27 @@
 """Call ids and floors: how a process lets Redis forget the requests it ended.
 
-Every acquire call gets an id ``"<session>/<seq>"``: the session of the wait
-group that sends it and a number its hub never uses twice and issues in
-order (12 hex digits, so ids compare as strings in Lua). Redis keeps a record
-of how a request ended only so that a late copy of one of its scripts (redis-py
-re-sends a script whose reply was lost) changes nothing. With each acquire,
-release and withdraw the hub sends its *floor* for that lock and session: the
-lowest seq of its requests there that have a call in flight or about to be
-sent (or the next seq, if none). Every request of the session below the floor
-has been seen by Redis and is settled here, so Redis refuses late copies of
-them without a record and drops their records: the records kept are those of
-the few requests the process is still talking about, however often the name
-is used (see ``lua/lib.lua``).
+Every acquire call gets an id ``"<process>/<seq>"``: an id of this process
+(new in each process, also in a forked child) and a number it never uses
+twice and issues in order (12 hex digits, so ids compare as strings in Lua).
+Redis keeps a record of how a request ended only so that a late copy of one
+of its scripts (redis-py re-sends a script whose reply was lost) changes
+nothing. With each acquire, release and withdraw the process sends its
+*floor* for that lock, ``"<process>/<seq>"``: the lowest seq of its requests
+there that have a call in flight or about to be sent (or the next seq, if
+none). Every request of the process below the floor has been seen by Redis
+and is settled here, so Redis refuses late copies of them without a record
+and drops their records: the records kept are those of the few requests the
+process is still talking about, however often the name is used, and however
+many event loops (``asyncio.run``, ``async_to_sync``) it uses (see
+``lua/lib.lua``).
 """
 
 from __future__ import annotations
 
 import heapq
+import os
+import secrets
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -25,63 +30,66 @@ if TYPE_CHECKING:
     from .protocol import LockKeys
 
 SEQ_DIGITS = 12
-"""Hex digits of the seq in a call id (2^48 calls per hub)."""
+"""Hex digits of the seq in a call id (2^48 calls per process)."""
 
 UNKNOWN_CALL = "-"
-"""The call id of a request whose acquire call is not known (a ring for a token
-nobody here waits for)."""
+"""The call id of a request whose acquire call is not known."""
 
 
 class CallIds:
-    """One hub's call ids, and which of them are in flight, per lock and session.
+    """A process's call ids, and which of them are in flight, per lock.
 
-    Only the hub's event loop uses it. Its size is bounded by the calls in
-    flight: an entry is removed when its last call ends.
+    Thread-safe (every event loop of the process, the sync facade's portal
+    included, uses the one ``call_ids()``). Its size is bounded by the calls
+    in flight: a lock's entry is removed when its last call ends.
     """
 
     def __init__(self) -> None:
+        self.process = secrets.token_hex(8)
         self._next = 1
-        self._counts: dict[tuple[LockKeys, str], dict[int, int]] = {}
-        self._lowest: dict[tuple[LockKeys, str], list[int]] = {}
+        self._counts: dict[LockKeys, dict[int, int]] = {}
+        self._lowest: dict[LockKeys, list[int]] = {}
+        self._guard = threading.Lock()
 
-    def new(self, session: str) -> str:
-        """A new call id for a request of ``session``. Enter ``in_flight`` for it
-        before the next await, so that no floor passes it before it is sent."""
-        seq = self._next
-        self._next += 1
-        return f"{session}/{seq:0{SEQ_DIGITS}x}"
+    def new(self) -> str:
+        """A new call id. Enter ``in_flight`` for it before the next await, so
+        that no floor passes it before it is sent."""
+        with self._guard:
+            seq = self._next
+            self._next += 1
+        return f"{self.process}/{seq:0{SEQ_DIGITS}x}"
 
     def enter(self, keys: LockKeys, call: str) -> None:
         """A call for the request made by ``call`` is in flight (or will be sent)."""
-        parsed = _parse(call)
-        if parsed is None:
+        seq = self._seq(call)
+        if seq is None:
             return
-        session, seq = parsed
-        counts = self._counts.setdefault((keys, session), {})
-        if seq not in counts:
-            lowest = self._lowest.setdefault((keys, session), [])
-            if len(lowest) > 2 * len(counts) + 16:
-                # Mostly seqs no longer in flight: rebuild rather than grow.
-                lowest[:] = counts
-                heapq.heapify(lowest)
-            heapq.heappush(lowest, seq)
-        counts[seq] = counts.get(seq, 0) + 1
+        with self._guard:
+            counts = self._counts.setdefault(keys, {})
+            if seq not in counts:
+                lowest = self._lowest.setdefault(keys, [])
+                if len(lowest) > 2 * len(counts) + 16:
+                    # Mostly seqs no longer in flight: rebuild rather than grow.
+                    lowest[:] = counts
+                    heapq.heapify(lowest)
+                heapq.heappush(lowest, seq)
+            counts[seq] = counts.get(seq, 0) + 1
 
     def leave(self, keys: LockKeys, call: str) -> None:
         """One call for the request made by ``call`` got its answer, or failed."""
-        parsed = _parse(call)
-        if parsed is None:
+        seq = self._seq(call)
+        if seq is None:
             return
-        session, seq = parsed
-        counts = self._counts.get((keys, session))
-        if counts is None or seq not in counts:
-            return
-        counts[seq] -= 1
-        if counts[seq] == 0:
-            del counts[seq]
-            if not counts:
-                del self._counts[(keys, session)]
-                del self._lowest[(keys, session)]
+        with self._guard:
+            counts = self._counts.get(keys)
+            if counts is None or seq not in counts:
+                return
+            counts[seq] -= 1
+            if counts[seq] == 0:
+                del counts[seq]
+                if not counts:
+                    del self._counts[keys]
+                    del self._lowest[keys]
 
     @contextmanager
     def in_flight(self, keys: LockKeys, call: str) -> Iterator[None]:
@@ -92,20 +100,40 @@ class CallIds:
         finally:
             self.leave(keys, call)
 
-    def floor(self, keys: LockKeys, session: str) -> str:
-        """The floor to send with a call of ``session`` on ``keys``: the lowest
-        seq with a call in flight there, or the next seq if there is none."""
-        counts = self._counts.get((keys, session))
-        if counts is None:
-            return f"{self._next:0{SEQ_DIGITS}x}"
-        lowest = self._lowest[(keys, session)]
-        while lowest[0] not in counts:
-            heapq.heappop(lowest)
-        return f"{lowest[0]:0{SEQ_DIGITS}x}"
+    def floor(self, keys: LockKeys) -> str:
+        """The floor to send with a call on ``keys``: the lowest seq with a call
+        in flight there, or the next seq if there is none."""
+        with self._guard:
+            counts = self._counts.get(keys)
+            if counts is None:
+                lowest = self._next
+            else:
+                heap = self._lowest[keys]
+                while heap[0] not in counts:
+                    heapq.heappop(heap)
+                lowest = heap[0]
+        return f"{self.process}/{lowest:0{SEQ_DIGITS}x}"
+
+    def _seq(self, call: str) -> int | None:
+        process, _, seq = call.partition("/")
+        if process != self.process:
+            return None  # unknown, or made before this process was forked
+        return int(seq, 16)
 
 
-def _parse(call: str) -> tuple[str, int] | None:
-    session, _, seq = call.rpartition("/")
-    if not session:
-        return None
-    return session, int(seq, 16)
+_call_ids = CallIds()
+
+
+def call_ids() -> CallIds:
+    """This process's ``CallIds``."""
+    return _call_ids
+
+
+def _after_fork_in_child() -> None:
+    # The child is a new process to Redis: its own id, nothing in flight (the
+    # parent's calls are the parent's), and a guard no other thread holds.
+    global _call_ids
+    _call_ids = CallIds()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

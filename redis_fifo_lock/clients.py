@@ -5,18 +5,14 @@ them. A client cached in a global outlives its loop, and the next loop that
 uses it fails with "RuntimeError: Event loop is closed" - which is exactly what
 ``async_to_sync`` (Django, Celery, management commands) produces, since it runs
 each call on a new loop. ``LoopClients`` keeps one client (plain, Redis Cluster
-or found through Sentinel) per running loop,
+or found through Sentinel) per running loop in the loop's ``LoopContext``,
 builds a new one after ``fork()``, and closes each client when its loop closes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import os
-import threading
-import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -26,60 +22,9 @@ from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import Sentinel
 
 from .connection import check_url, masked_kwargs, masked_url
+from .loops import close_client, contexts, loop_context
 from .protocol import AsyncClient
 
-Cleanup = Callable[[], Awaitable[object]]
-
-_cleanups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Cleanup]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def at_loop_close(loop: asyncio.AbstractEventLoop, cleanup: Cleanup) -> None:
-    """Run ``cleanup()`` on ``loop`` just before ``loop.close()`` closes it.
-
-    The first registration on a loop wraps its ``close`` method (as
-    channels_redis does); loops that refuse the wrapper (a read-only ``close``) just skip the
-    cleanups, and the clients are closed by garbage collection instead.
-    """
-    pending = _cleanups.get(loop)
-    if pending is not None:
-        pending.append(cleanup)
-        return
-    _cleanups[loop] = [cleanup]
-    original_close = loop.close
-
-    def close() -> None:
-        for_loop = _cleanups.pop(loop, [])
-        try:
-            if for_loop and not loop.is_running() and not loop.is_closed():
-                loop.run_until_complete(_run_all(for_loop))
-        finally:
-            original_close()
-
-    try:
-        loop.close = close  # type: ignore[method-assign]
-    except (AttributeError, TypeError):
-        del _cleanups[loop]
-
-
-async def _run_all(cleanups: list[Cleanup]) -> None:
-    await asyncio.gather(*(step() for step in cleanups), return_exceptions=True)
-
-
-_instances: weakref.WeakSet[LoopClients] = weakref.WeakSet()
-"""Every live ``LoopClients`` of this process, for the fork hook below."""
-
-
-def _after_fork_in_child() -> None:
-    # A thread of the parent may have held a guard (building a client) at the
-    # moment of the fork; that thread does not exist in the child, so the
-    # guard would stay locked for ever. Nothing else can hold it here yet.
-    for clients in list(_instances):
-        clients._guard = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 SSL_OPTIONS = frozenset(
     name for name in inspect.signature(SSLConnection.__init__).parameters if name.startswith("ssl_")
 )
@@ -185,10 +130,11 @@ class LoopClients:
             or an ``ssl_*`` option ``redis.asyncio`` does not take.
         ValueError: ``ssl=False`` with other TLS options, or TLS on a unix socket.
 
-    ``client()`` must be called on a running loop. The cache is keyed by the
-    loop (weakly) and the process id: a forked child never uses its parent's
-    connections. Each client is closed when its loop closes, and with it the
-    Sentinel connections it was discovered through.
+    ``client()`` must be called on a running loop. The clients are kept in
+    each loop's ``LoopContext`` (``redis_fifo_lock.loops``), per loop and
+    process: a forked child never uses its parent's connections. Each client
+    is closed when its loop closes, and with it the Sentinel connections it
+    was discovered through.
     """
 
     def __init__(
@@ -216,12 +162,6 @@ class LoopClients:
         self.is_cluster = False
         """True when built by ``cluster()``: the clients are ``RedisCluster``."""
         self._factory = factory or self._plain
-        self._pid = os.getpid()
-        self._guard = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
-        _instances.add(self)
 
     @classmethod
     def cluster(
@@ -324,7 +264,7 @@ class LoopClients:
 
     def __len__(self) -> int:
         """How many loops of this process have a live client (for tests)."""
-        return len(self._clients) if self._pid == os.getpid() else 0
+        return sum(1 for context in contexts().values() if self in context.clients)
 
     def client(self) -> AsyncClient:
         """The client for the running event loop, created on first use.
@@ -332,21 +272,10 @@ class LoopClients:
         Raises:
             RuntimeError: when called with no running event loop.
         """
-        loop = asyncio.get_running_loop()
-        with self._guard:
-            return self._client_for(loop)
-
-    def _client_for(self, loop: asyncio.AbstractEventLoop) -> AsyncClient:
-        if self._pid != os.getpid():
-            # Forked: the inherited clients share sockets with the parent. Drop
-            # them without closing (closing would disturb the parent's streams).
-            self._pid = os.getpid()
-            self._clients = weakref.WeakKeyDictionary()
-        client = self._clients.get(loop)
+        clients = loop_context().clients
+        client = clients.get(self)
         if client is None:
-            client = self._factory()
-            self._clients[loop] = client
-            at_loop_close(loop, lambda: self._close(loop))
+            client = clients[self] = self._factory()
         return client
 
     def _plain(self) -> AsyncClient:
@@ -354,16 +283,8 @@ class LoopClients:
             return Redis.from_url(self.url, **self._build_kwargs)
         return Redis(**self._build_kwargs)
 
-    async def _close(self, loop: asyncio.AbstractEventLoop) -> None:
-        client = self._clients.pop(loop, None)
-        if client is None:
-            return
-        await client.aclose()
-        # A client from Sentinel.master_for() keeps its sentinels' clients open.
-        manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
-        for sentinel in getattr(manager, "sentinels", ()):
-            await sentinel.aclose()
-
     async def aclose(self) -> None:
         """Close the running loop's client now (it is rebuilt on next use)."""
-        await self._close(asyncio.get_running_loop())
+        client = loop_context().clients.pop(self, None)
+        if client is not None:
+            await close_client(client)

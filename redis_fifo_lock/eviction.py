@@ -16,12 +16,12 @@ and threads of the process.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -66,7 +66,7 @@ _by_client: weakref.WeakKeyDictionary[AsyncClient, _Server] = weakref.WeakKeyDic
 
 
 async def check_eviction_policy(
-    client: AsyncClient, name: str, calls: asyncio.Semaphore | None = None
+    client: AsyncClient, name: str, ask: Callable[[], Awaitable[set[str]]] | None = None
 ) -> None:
     """Warn (naming lock ``name``) if the server behind ``client`` may evict keys.
 
@@ -78,8 +78,8 @@ async def check_eviction_policy(
     Args:
         client: the lock's client (``redis.asyncio`` ``Redis`` or ``RedisCluster``).
         name: the lock being used (str).
-        calls: a semaphore the ``CONFIG GET`` is sent under (the hub's cap on
-            concurrent calls), or None.
+        ask: how to ask the server for ``eviction_policies(client)`` (the hub
+            sends it in its lane of calls); default None: directly.
     """
     now = time.monotonic()
     with _guard:
@@ -95,11 +95,7 @@ async def check_eviction_policy(
         state.checked_at = now
         _remember(state.pending, name)
     try:
-        if calls is None:
-            policies = await eviction_policies(client)
-        else:
-            async with calls:
-                policies = await eviction_policies(client)
+        policies = await (eviction_policies(client) if ask is None else ask())
     except ResponseError as exc:
         with _guard:
             state.known, state.evicting, state.pending = True, (), set()

@@ -7,11 +7,13 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import LockUsageError
+
+if TYPE_CHECKING:
+    from .renewal import Renewal
 
 
 class Lease:
@@ -19,6 +21,10 @@ class Lease:
 
     Ownership travels with this object: only the holder of the ``Lease`` can
     release or renew the grant, never another task that shares the lock object.
+
+    Its state (``expires_at``, ``lost``, ``releasing``, ``released``) changes
+    only through its own methods, which the lock and the renewal
+    (``redis_fifo_lock.renewal``) call; the holder reads it.
 
     Attributes:
         name: the lock name (str).
@@ -60,11 +66,22 @@ class Lease:
         self.expires_at = expires_at
         self.call = call
         self.pid = os.getpid() if pid is None else pid
-        self.released = False
-        self.releasing = False  # set when release() starts: later refusals are expected
         self.lost_reason: str | None = None
+        self._released = False
+        self._releasing = False
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._renewal: Renewal | None = None
+
+    @property
+    def released(self) -> bool:
+        """True once Redis confirmed the release of this lease (bool)."""
+        return self._released
+
+    @property
+    def releasing(self) -> bool:
+        """True from the start of a release (bool): a renewal refused from then on
+        says nothing about the lease. False again if the release failed."""
+        return self._releasing
 
     @property
     def lost(self) -> bool:
@@ -72,9 +89,47 @@ class Lease:
         before it was released (renewals unanswered, or the event loop blocked,
         for that long): the lock may already belong to someone else. Readable
         from any thread. ``lost_reason`` (str) says why."""
-        if self.lost_reason is None and not self.released and time.monotonic() >= self.expires_at:
+        if self.lost_reason is None and not self._released and time.monotonic() >= self.expires_at:
             self.mark_lost("its lease ran out before it was renewed or released")
         return self.lost_reason is not None
+
+    # --- transitions: for the lock and the renewal, not for the holder ---------
+
+    def renewing(self, renewal: Renewal) -> None:
+        """``renewal`` keeps the lease alive from now on (on its loop)."""
+        self._renewal = renewal
+
+    def renewed(self, expires_at: float) -> None:
+        """A renewal succeeded: the lease now ends at ``expires_at``
+        (``time.monotonic()`` seconds, counted from when the renewal was sent)."""
+        self.expires_at = expires_at
+
+    def lose(self, reason: str) -> bool:
+        """A renewal found the lease gone (``reason``, str): mark it lost, unless
+        its release has started - a renewal that ran on after it (its
+        cancellation swallowed by Python 3.10/3.11's ``wait_for``, bpo-42130, or
+        one on another loop) is refused by Redis, which says nothing about the
+        lease. Returns whether it was marked lost."""
+        if self._releasing:
+            return False
+        self.mark_lost(reason)
+        return True
+
+    def begin_release(self) -> asyncio.Task[None] | None:
+        """A release starts: stop renewing (see ``Renewal.stop``). Returns the
+        renewal task it cancelled on the running loop, if one ran, for the
+        release to wait for once Redis answered."""
+        self._releasing = True
+        return None if self._renewal is None else self._renewal.stop()
+
+    def release_failed(self) -> None:
+        """The release did not reach Redis: the lease is still held (no longer
+        renewed), and can be released again."""
+        self._releasing = False
+
+    def mark_released(self) -> None:
+        """Redis confirmed the release."""
+        self._released = True
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease is lost (first reason wins). For the lock's use;
@@ -127,54 +182,6 @@ class Lease:
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-class Renewal:
-    """The background renewal of one lease: a timer until the first renewal is
-    due, then a task running ``start()``.
-
-    A timer costs a fraction of a task, and most holds end before their first
-    renewal (a third of ``lease_ms``), so a grant and its release create no task
-    at all. Use only on ``loop``'s thread.
-
-    Args:
-        loop: the event loop that renews.
-        first_at: when the first renewal is due, in ``time.monotonic()`` seconds.
-        start: called with this object when the first renewal is due; returns
-            the renewal coroutine.
-    """
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        first_at: float,
-        start: Callable[[Renewal], Coroutine[Any, Any, None]],
-    ) -> None:
-        self.loop = loop
-        self.first_at = first_at
-        self._start = start
-        self._task: asyncio.Task[None] | None = None
-        self._stopped = False
-        self._timer = loop.call_later(max(0.0, first_at - time.monotonic()), self._fire)
-
-    def _fire(self) -> None:
-        if not self._stopped:
-            self._task = self.loop.create_task(self._start(self))
-
-    @property
-    def stopped(self) -> bool:
-        """True once ``cancel()`` was called (the lease is being released)."""
-        return self._stopped
-
-    def cancel(self) -> asyncio.Task[None] | None:
-        """Stop renewing: no renewal starts from now on, and a running one is
-        cancelled (its reply, if any, is ignored). Returns the cancelled task, if
-        one ran, for the caller to await."""
-        self._stopped = True
-        self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
-        return self._task
 
 
 @dataclass(frozen=True)

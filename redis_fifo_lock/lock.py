@@ -23,14 +23,14 @@ import math
 import secrets
 import sys
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import redis
 
-from .clients import LoopClients, at_loop_close
+from .calls import call_ids
+from .clients import LoopClients
 from .errors import (
     LeaseLost,
     LockError,
@@ -40,28 +40,22 @@ from .errors import (
     RedisUnavailable,
 )
 from .holding import attach_release_error, release_retrying
-from .lease import Lease, LockStatus, Renewal
-from .portal import is_portal_loop, portal
+from .lease import Lease, LockStatus
 from .protocol import (
     NOT_HELD,
     PROTOCOL,
-    RENEWED,
     AsyncClient,
     Grant,
     LockKeys,
     Protocol,
 )
+from .renewal import end_renewal, start_renewal
 from .settings import LockSettings, check_name, check_namespace, shown_value
 from .waiting import Hub, Waiter, WaitGroup, hub_for
 
 log = logging.getLogger("redis_fifo_lock")
 
 MAX_TOKEN_LENGTH = 128
-RENEW_REPLY_FLOOR_S = 0.05
-"""Shortest wait for a renewal's reply, in seconds, even when the lease is about
-to end (at ``max_hold_ms`` Redis's answer says why)."""
-RENEW_RETRY_S = 0.5
-"""Pause before a renewal that could not reach Redis is tried again, in seconds."""
 WITHDRAW_GRACE_S = 0.25
 """Longest wait, in seconds, for a withdrawal's reply before ``acquire`` raises
 (past its timeout, or on cancellation); the hub goes on withdrawing after that."""
@@ -100,12 +94,6 @@ async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
         async with asyncio.timeout_at(until):
             return await awaitable
     return await asyncio.wait_for(awaitable, until - loop.time())
-
-
-RENEWAL_END_RECHECK_S = 0.02
-"""Seconds between checks, after a release, that its cancelled renewal ended."""
-RENEWAL_END_WAIT_S = 1.0
-"""Longest wait, in seconds, of a release for its cancelled renewal to end."""
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -387,10 +375,10 @@ class FifoLock:
 
         # A new call each time the request joins the queue, so that a late copy
         # of the call that lost its place cannot bring it back later.
-        waiter.call = hub.call_ids.new(group.session)
-        sent = waiter.sending()
+        waiter.call = call_ids().new()
+        waiter.sending()
         try:
-            with hub.call_ids.in_flight(self.keys, waiter.call):
+            with call_ids().in_flight(self.keys, waiter.call):
                 grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
@@ -412,7 +400,7 @@ class FifoLock:
         group.holder_fence = holder_fence or None
         waiter.queued(ticket)
         if grant is not None:
-            return self._start_lease(hub, waiter, grant, sent)
+            return self._start_lease(hub, waiter, grant, waiter.sent_at)
         return None
 
     def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:
@@ -502,106 +490,19 @@ class FifoLock:
         lease = Lease(
             self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
         )
-        hub.leases[(self.keys, waiter.token)] = lease
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
-        loop = asyncio.get_running_loop()
-        lease._renewal = Renewal(loop, first_at, lambda r: self._renew(hub, lease, r))
-        if self.clients is not None and not is_portal_loop(loop):
-            _hand_over_at_close(loop, lease, self)
+        start_renewal(self, hub, lease, first_at)
         return lease
 
-    async def _hand_over(self, lease: Lease) -> None:
-        """``lease``'s loop is closing: renew it on the portal loop from now on."""
-        renewal = lease._renewal
-        if renewal is None or renewal.stopped or lease.released or lease.lost:
-            return
-        running = renewal.cancel()
-        if running is not None:
-            await asyncio.gather(running, return_exceptions=True)
-        portal().call_soon(lambda: self._renew_on_portal(lease))
-
-    def _renew_on_portal(self, lease: Lease) -> None:
-        if lease.releasing or lease.lost:
-            return
-        hub = hub_for(self.client)
-        hub.leases[(self.keys, lease.token)] = lease
-        lease._renewal = Renewal(
-            asyncio.get_running_loop(), time.monotonic(), lambda r: self._renew(hub, lease, r)
-        )
-
-    async def _renew(self, hub: Hub, lease: Lease, renewal: Renewal) -> None:
-        """Keep ``lease`` alive until released; mark it lost when Redis refuses, or
-        when its ``expires_at`` passes with no renewal answered.
-
-        Started by the lease's ``Renewal`` timer when the first renewal is due.
-        """
-        settings = self.settings
-        interval = settings.renew_every_s
-        next_at = renewal.first_at
-        failure = "no reply"  # why the latest renewals failed, for the loss's reason
-        capped = False  # the last renewal was cut short by the max-hold deadline
-        while True:
-            # Never past the lease's own deadline: a retry pause after a failed
-            # renewal must not let the lease lapse unnoticed (``wait_lost``).
-            await asyncio.sleep(max(0.0, min(next_at, lease.expires_at) - time.monotonic()))
-            late = time.monotonic() - next_at
-            if late > settings.lease_ms / 3000:
-                log.warning(
-                    "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d); the "
-                    "event loop was blocked - raise lease_ms or stop blocking the loop",
-                    self.name,
-                    late,
-                    settings.lease_ms,
-                )
-            sent = time.monotonic()
-            if sent >= lease.expires_at:
-                self._lose(
-                    lease,
-                    f"max_hold_ms ({settings.max_hold_ms}) reached"
-                    if capped
-                    else f"no renewal succeeded before the lease expired ({failure})",
-                )
-                return
-            try:
-                # Bounded by the lease's remaining life: a holder cut off from
-                # Redis must learn it lost the lock when the lease expires, not
-                # whenever the client's own timeouts give up.
-                outcome, pttl_ms = await asyncio.wait_for(
-                    self._renew_once(hub, lease),
-                    max(RENEW_REPLY_FLOOR_S, lease.expires_at - sent),
-                )
-            except (RedisUnavailable, asyncio.TimeoutError) as exc:
-                # NotReplicated has no redis-py cause: its message says why.
-                failure = str(getattr(exc, "cause", None) or getattr(exc, "message", failure))
-                next_at = time.monotonic() + min(RENEW_RETRY_S, interval)
-                continue
-            if outcome != RENEWED:
-                reason = (
-                    f"max_hold_ms ({settings.max_hold_ms}) reached"
-                    if outcome != 0
-                    else "Redis refused the renewal: the lease expired or was taken"
-                )
-                self._lose(lease, reason)
-                return
-            lease.expires_at = sent + pttl_ms / 1000
-            capped = pttl_ms < settings.lease_ms
-            next_at = sent + min(interval, pttl_ms / 2000)
-
     async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
-        async with hub.urgent:
-            return await self._protocol.renew(
-                hub.client, self.keys, lease.token, lease.fence, self.settings
-            )
-
-    def _lose(self, lease: Lease, reason: str) -> None:
-        if lease.releasing:
-            # Released meanwhile: a renewal whose cancellation was swallowed
-            # (Python 3.11's wait_for can do that, bpo-42130), or that ran on
-            # another loop, is refused after the release, which says nothing
-            # about the lease.
-            return
-        lease.mark_lost(reason)
-        log.warning("FIFO lock %r: lease fence %d lost: %s", self.name, lease.fence, reason)
+        """One renewal of ``lease`` (see ``redis_fifo_lock.renewal``), in ``hub``'s
+        urgent lane: (outcome, the lease's new time to live in ms)."""
+        return await hub.run(
+            hub.urgent,
+            lambda client: self._protocol.renew(
+                client, self.keys, lease.token, lease.fence, self.settings
+            ),
+        )
 
     async def release(self, lease: Lease) -> None:
         """Release ``lease`` and hand the lock to the next waiter.
@@ -632,44 +533,39 @@ class FifoLock:
         if lease.released:
             return
         lost_before = lease.lost  # also when its expires_at passed: no longer acting as holder
-        lease.releasing = True
-        renewal, stopped = lease._renewal, None
-        if renewal is not None and renewal.loop is asyncio.get_running_loop():
-            # Not awaited before the release is sent: a renewal cut off now never
-            # reads its reply, and Redis refuses a renewal that runs after the
-            # release, so it can neither revive the lease nor mark it lost.
-            stopped = renewal.cancel()
-        elif renewal is not None and not renewal.loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
-                renewal.loop.call_soon_threadsafe(renewal.cancel)
-        # else: the loop that acquired the lease is closed (as after an
-        # async_to_sync call), and its renewal stopped with it.
+        # Not awaited before the release is sent: a renewal cut off now never
+        # reads its reply, and Redis refuses a renewal that runs after the
+        # release, so it can neither revive the lease nor mark it lost.
+        stopped = lease.begin_release()
         hub = hub_for(self.client)
         session = hub.session_for(self.settings)
+
+        async def send(client: AsyncClient) -> tuple[float, tuple[int, tuple[str, Grant] | None]]:
+            sent = time.monotonic()  # once in the lane: a handed-over grant is dated from it
+            return sent, await self._protocol.release(
+                client,
+                self.keys,
+                lease.token,
+                lease.fence,
+                self.settings.keep_ms,
+                lease.call,
+                session,
+                call_ids().floor(self.keys),
+            )
+
         try:
-            with hub.call_ids.in_flight(self.keys, lease.call):
-                async with hub.urgent:
-                    sent = time.monotonic()
-                    outcome, handover = await self._protocol.release(
-                        hub.client,
-                        self.keys,
-                        lease.token,
-                        lease.fence,
-                        self.settings.keep_ms,
-                        lease.call,
-                        session,
-                        hub.call_ids.floor(self.keys, session),
-                    )
+            with call_ids().in_flight(self.keys, lease.call):
+                sent, (outcome, handover) = await hub.run(hub.urgent, send)
         except BaseException:
-            lease.releasing = False
+            lease.release_failed()
             raise
-        lease.released = True
+        lease.mark_released()
         hub.leases.pop((self.keys, lease.token), None)
         if handover is not None:
             # The next holder waits in this process: no ring was sent for it.
             hub.hand_over(self.keys, self.settings, self._protocol, handover, sent)
         if stopped is not None and not stopped.done():
-            await _end_renewal(stopped)
+            await end_renewal(stopped)
         if outcome == NOT_HELD:
             reason = lease.lost_reason or "the lease expired or was taken before release"
             lease.mark_lost(reason)
@@ -697,8 +593,7 @@ class FifoLock:
             RedisUnavailable: when Redis could not be reached.
         """
         hub = hub_for(self.client)
-        async with hub.calls:
-            reply = await self._protocol.status(hub.client, self.keys)
+        reply = await hub.run(hub.calls, lambda client: self._protocol.status(client, self.keys))
         grant = reply.grant
         return LockStatus(
             name=self.name,
@@ -709,43 +604,3 @@ class FifoLock:
             holder_ticket=grant.ticket if grant else None,
             lease_left_ms=grant.pttl_ms if grant else None,
         )
-
-
-async def _end_renewal(task: asyncio.Task[None]) -> None:
-    """Wait for the cancelled renewal ``task`` of a released lease to end, for at
-    most ``RENEWAL_END_WAIT_S`` seconds.
-
-    On Python 3.10 and 3.11, ``asyncio.wait_for`` swallows a cancellation that
-    arrives as the call it waits for completes (bpo-42130): the renewal then
-    carries on and sleeps until its next renewal is due (``lease_ms / 3``).
-    So the task is cancelled again whenever it is found still running; its
-    next await (that sleep) ends it. Past the bound the task is left to end by
-    itself: Redis refuses a renewal of a released lease, and a refusal after
-    the release does not mark the lease lost.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RENEWAL_END_WAIT_S
-    while not task.done() and loop.time() < deadline:
-        task.cancel()
-        await asyncio.wait({task}, timeout=RENEWAL_END_RECHECK_S)
-
-
-_held_on: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Lease, FifoLock]
-] = weakref.WeakKeyDictionary()
-"""Per loop, the leases it renews that move to the portal when it closes."""
-
-
-def _hand_over_at_close(loop: asyncio.AbstractEventLoop, lease: Lease, lock: FifoLock) -> None:
-    leases = _held_on.get(loop)
-    if leases is None:
-        leases = _held_on[loop] = weakref.WeakKeyDictionary()
-        at_loop_close(loop, lambda: _hand_over_all(loop))
-    leases[lease] = lock
-
-
-async def _hand_over_all(loop: asyncio.AbstractEventLoop) -> None:
-    leases = _held_on.pop(loop, None)
-    if leases is None:
-        return
-    await asyncio.gather(*(lock._hand_over(lease) for lease, lock in list(leases.items())))

@@ -24,15 +24,17 @@ import logging
 import secrets
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
-from .calls import UNKNOWN_CALL, CallIds
+from .calls import UNKNOWN_CALL, call_ids
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
-from .eviction import check_eviction_policy
+from .eviction import check_eviction_policy, eviction_policies
+from .loops import loop_context
 from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
 from .settings import LockSettings
 
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from .lease import Lease
 
 log = logging.getLogger("redis_fifo_lock")
+
+T = TypeVar("T")
 
 MAX_CONCURRENT_CALLS = 2
 """Enqueues, claims, polls, withdrawals and status calls one hub runs at once."""
@@ -71,6 +75,8 @@ class Waiter:
             request joins the queue.
         ticket: its ticket (int) once the acquire script replied, else None.
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
+        sent_at: when (``time.monotonic()`` seconds) the latest acquire call
+            was sent (after waiting for a lane): a grant it made is younger.
         granted: a grant handed over by a release of this process (the reply to
             that release), with the moment (monotonic s) its lease may be dated
             from: when the release was sent, before Redis made the grant. None
@@ -82,15 +88,15 @@ class Waiter:
         self.call = UNKNOWN_CALL
         self.ticket: int | None = None
         self.queued_at: float | None = None
+        self.sent_at = 0.0
         self.granted: tuple[Grant, float] | None = None
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
 
-    def sending(self) -> float:
-        """An acquire script call for this request is about to be sent: its ticket
-        is unknown until it replies. Returns the send time (monotonic s)."""
+    def sending(self) -> None:
+        """An acquire script call for this request is about to be made: its ticket
+        is unknown until it replies."""
         self.ticket = self.queued_at = None
-        return time.monotonic()
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
@@ -181,28 +187,32 @@ class WaitGroup:
         if waiter is not None:
             waiter.hint()
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
-            self.hub.withdraw(self, token, grant.ticket, UNKNOWN_CALL)
+            self.hub.withdraw(self, token, grant.ticket, grant.call or UNKNOWN_CALL)
 
     async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int]:
         """Run the acquire script for ``waiter``'s call (in flight, see
         ``CallIds.new``): (grant or None, ticket, holder fence)."""
-        async with self.hub.calls:
+
+        async def send(client: AsyncClient) -> tuple[Grant | None, int, int]:
+            waiter.sent_at = time.monotonic()  # once in the lane: its grant is younger
             return await self.protocol.acquire(
-                self.hub.client,
+                client,
                 self.keys,
                 waiter.token,
                 self.session,
                 self.settings,
                 call=waiter.call,
-                floor=self.hub.call_ids.floor(self.keys, self.session),
+                floor=call_ids().floor(self.keys),
             )
+
+        return await self.hub.run(self.hub.calls, send)
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
         """Run the claim script for request (token, ticket)."""
-        async with self.hub.calls:
-            return await self.protocol.claim(
-                self.hub.client, self.keys, token, ticket, self.settings
-            )
+        return await self.hub.run(
+            self.hub.calls,
+            lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
+        )
 
     async def _poll_loop(self) -> None:
         watching = await self._watch()
@@ -257,10 +267,10 @@ class WaitGroup:
         """One poll; returns seconds until the next one."""
         sent = time.monotonic()
         try:
-            async with self.hub.calls:
-                reply = await self.protocol.poll(
-                    self.hub.client, self.keys, self.session, self.settings
-                )
+            reply = await self.hub.run(
+                self.hub.calls,
+                lambda client: self.protocol.poll(client, self.keys, self.session, self.settings),
+            )
         except RedisUnavailable as exc:
             log.warning("FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause)
             # Never longer than a poll interval: the session's liveness (one
@@ -304,16 +314,15 @@ class _Withdrawal:
 class Hub:
     """Per-client (and so per event loop and process) state shared by all locks.
 
-    Holds its client weakly: the hub is stored in a WeakKeyDictionary keyed by
-    the client, and a strong reference back would keep every client (and its
-    event loop) alive forever, one per ``asyncio.run`` or ``async_to_sync``.
+    Holds its client weakly: the hub is stored in its loop's ``LoopContext``,
+    keyed weakly by the client, and a strong reference back would keep every
+    client alive as long as its loop, however long the loop runs.
 
     Attributes:
         session: this hub's liveness session id (str), the stem of its wait
             groups' sessions.
         calls: the lane for enqueues, claims, polls, withdrawals and status reads.
         urgent: the lane for renewals and releases.
-        call_ids: this hub's acquire call ids and the floors sent with them.
         leases: the leases granted through this hub and not yet released, by
             lock keys and token (held weakly).
     """
@@ -325,12 +334,11 @@ class Hub:
         self.doorbell = Doorbell(self._client)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
-        self.call_ids = CallIds()
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
         self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
             weakref.WeakValueDictionary()
         )
-        self._withdrawals: dict[tuple[LockKeys, str], _Withdrawal] = {}
+        self._withdrawals: dict[tuple[LockKeys, str, str], _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
 
     @property
@@ -368,7 +376,7 @@ class Hub:
             waiter.hint()
         elif (keys, token) not in self.leases:
             owner = group or WaitGroup(self, keys, settings, protocol)
-            self.withdraw(owner, token, grant.ticket, UNKNOWN_CALL)
+            self.withdraw(owner, token, grant.ticket, grant.call or UNKNOWN_CALL)
 
     def group(self, keys: LockKeys, settings: LockSettings, protocol: Protocol) -> WaitGroup:
         """The wait group of this lock, created on first use."""
@@ -395,14 +403,14 @@ class Hub:
         ``RETRY_AFTER_ERROR_S`` while Redis does not answer, so that a request
         abandoned by an outage leaves the queue as soon as Redis is back.
         """
-        key = (group.keys, token)
+        key = (group.keys, token, call)
         pending = self._withdrawals.get(key)
         if pending is not None:
             return pending.done
         if len(self._withdrawals) >= MAX_WITHDRAWALS:
             oldest = next(iter(self._withdrawals))
             dropped = self._withdrawals.pop(oldest)
-            self.call_ids.leave(dropped.group.keys, dropped.call)
+            call_ids().leave(dropped.group.keys, dropped.call)
             dropped.done.cancel()
             log.warning(
                 "FIFO lock %r: more than %d withdrawals pending while Redis does not "
@@ -413,7 +421,7 @@ class Hub:
             )
         done = self.loop.create_future()
         self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
-        self.call_ids.enter(group.keys, call)
+        call_ids().enter(group.keys, call)
         if self._withdrawer is None or self._withdrawer.done():
             self._withdrawer = self.loop.create_task(self._withdraw_pending())
         return done
@@ -422,17 +430,23 @@ class Hub:
         """``token`` is asked for again (a retry after ``RedisUnavailable``): a
         withdrawal of its request not yet sent is dropped, so the new call takes
         the request over (and keeps its place); one already sent is waited for,
-        so that the new acquire reaches Redis after it."""
-        key = (keys, token)
-        pending = self._withdrawals.get(key)
-        if pending is None:
+        so that the new acquire reaches Redis after it. (A withdrawal still
+        unanswered after that names the call it withdraws, and leaves the
+        request alone once the new call took it over.)"""
+        if not self._withdrawals:
             return
-        if not pending.sending:
-            del self._withdrawals[key]
-            self.call_ids.leave(keys, pending.call)
-            pending.done.cancel()
-            return
-        await asyncio.wait({pending.done}, timeout=WITHDRAW_TRY_S)
+        waits = []
+        for key, pending in list(self._withdrawals.items()):
+            if key[0] != keys or key[1] != token:
+                continue
+            if not pending.sending:
+                del self._withdrawals[key]
+                call_ids().leave(keys, pending.call)
+                pending.done.cancel()
+            else:
+                waits.append(pending.done)
+        if waits:
+            await asyncio.wait(waits, timeout=WITHDRAW_TRY_S)
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
@@ -441,7 +455,7 @@ class Hub:
             for (key, withdrawal), done in zip(batch, results, strict=True):
                 if done and self._withdrawals.get(key) is withdrawal:
                     del self._withdrawals[key]
-                    self.call_ids.leave(withdrawal.group.keys, withdrawal.call)
+                    call_ids().leave(withdrawal.group.keys, withdrawal.call)
                     if not withdrawal.done.done():
                         withdrawal.done.set_result(None)
             if not all(results):
@@ -449,24 +463,29 @@ class Hub:
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
-        if self._withdrawals.get((group.keys, withdrawal.token)) is not withdrawal:
+        key = (group.keys, withdrawal.token, withdrawal.call)
+        if self._withdrawals.get(key) is not withdrawal:
             return True  # taken over by a retry of the same token meanwhile
         withdrawal.sending = True
+
+        async def send(client: AsyncClient) -> int:
+            # Bounded once it has a slot: waiting for one is not a failure.
+            return await asyncio.wait_for(
+                group.protocol.withdraw(
+                    client,
+                    group.keys,
+                    withdrawal.token,
+                    withdrawal.ticket,
+                    group.session,
+                    group.settings.keep_ms,
+                    withdrawal.call,
+                    call_ids().floor(group.keys),
+                ),
+                WITHDRAW_TRY_S,
+            )
+
         try:
-            async with self.calls:
-                outcome = await asyncio.wait_for(
-                    group.protocol.withdraw(
-                        self.client,
-                        group.keys,
-                        withdrawal.token,
-                        withdrawal.ticket,
-                        group.session,
-                        group.settings.keep_ms,
-                        withdrawal.call,
-                        self.call_ids.floor(group.keys, group.session),
-                    ),
-                    WITHDRAW_TRY_S,
-                )
+            outcome = await self.run(self.calls, send)
         except RedisUnavailable as exc:
             withdrawal.sending = False
             if isinstance(exc.cause, NoPermissionError):
@@ -509,18 +528,27 @@ class Hub:
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
 
+    async def run(self, lane: asyncio.Semaphore, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        """Take a slot of ``lane`` (``calls`` or ``urgent``), then run
+        ``call(client)`` - a ``Protocol`` call on this hub's client - and return
+        its reply. The call is made once the slot is taken, so what it sends (a
+        floor, a send time) is read when it is sent. Raises what ``call`` raises."""
+        async with lane:
+            return await call(self.client)
+
     async def check_eviction_policy(self, name: str) -> None:
         """Warn (naming lock ``name``) if the server may evict keys: see
         ``redis_fifo_lock.eviction.check_eviction_policy``."""
-        await check_eviction_policy(self.client, name, self.calls)
-
-
-_hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
+        await check_eviction_policy(
+            self.client, name, lambda: self.run(self.calls, eviction_policies)
+        )
 
 
 def hub_for(client: AsyncClient) -> Hub:
-    """The hub of ``client`` on the running event loop."""
-    hub = _hubs.get(client)
-    if hub is None or hub.loop is not asyncio.get_running_loop():
-        hub = _hubs[client] = Hub(client)
+    """The hub of ``client`` on the running event loop, kept in the loop's
+    ``LoopContext`` and created on first use."""
+    hubs = loop_context().hubs
+    hub = hubs.get(client)
+    if hub is None:
+        hub = hubs[client] = Hub(client)
     return hub

@@ -18,6 +18,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from benchmarks.keyspace import measure, name_footprint
 from redis_fifo_lock import FifoLock, LockUsageError
+from redis_fifo_lock.waiting import hub_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,10 +120,10 @@ async def test_a_late_copy_of_an_acquire_whose_record_is_gone_changes_nothing(
         await lock.release(await lock.acquire(timeout=5))
     finished = [m.decode() for m in redis.zrange(lock.keys.key("finished"), 0, -1)]
     assert not [m for m in finished if m.startswith(lease.call + " ")], finished
-    session, _, seq = lease.call.rpartition("/")
+    session = hub_for(aredis).session_for(lock.settings)
     with pytest.raises(LockUsageError, match="already ended"):
         await lock._protocol.acquire(
-            aredis, lock.keys, "once", session, lock.settings, call=lease.call, floor=seq
+            aredis, lock.keys, "once", session, lock.settings, call=lease.call, floor=lease.call
         )
     status = await lock.status()
     assert (status.held, status.waiting) == (False, 0)

@@ -282,3 +282,49 @@ async def test_a_release_sent_again_after_a_hundred_later_grants_is_already_rele
     assert NOT_HELD not in codes, f"the re-sent release answered NOT_HELD (replies {codes})"
     assert ALREADY_RELEASED in codes, f"replies {codes}"
     assert await holder_token(aredis, lock.keys) is None
+
+
+async def test_a_late_withdraw_leaves_alone_a_request_a_retry_took_over(
+    aredis: AsyncRedis,
+) -> None:
+    """A withdraw names the call it withdraws: once a retry of the same token
+    (a new call) took the queued request over, keeping its ticket, a withdraw
+    of the first call arriving late changes nothing (it gave the request, or
+    its grant, away before: two holders)."""
+    lock = FifoLock(aredis, "late-withdraw-takeover", lease_ms=5000, poll_ms=2500)
+    holder = await lock.acquire(timeout=5)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "attacker-session"
+    first, retry = "proc/000000000001", "proc/000000000002"
+    _, ticket, _ = await protocol.acquire(
+        aredis, keys, "v", session, settings, call=first, floor=first
+    )
+    _, same_ticket, _ = await protocol.acquire(
+        aredis, keys, "v", session, settings, call=retry, floor=first
+    )
+    assert same_ticket == ticket
+    outcome = await protocol.withdraw(
+        aredis, keys, "v", ticket, session, settings.keep_ms, first, first
+    )
+    assert outcome == 0, f"a late withdraw of the replaced call gave {outcome}"
+    assert await aredis.zscore(keys.key("queue"), "v") == ticket
+    await lock.release(holder)
+
+
+async def test_a_late_copy_of_an_earlier_call_never_takes_a_request_over(
+    aredis: AsyncRedis,
+) -> None:
+    """Two acquire calls of one process for one token: the later one owns the
+    request. A late copy of the earlier one (its floor held down by another
+    request in flight) is refused, and the request stays the later call's."""
+    lock = FifoLock(aredis, "late-earlier-call", lease_ms=5000, poll_ms=2500)
+    holder = await lock.acquire(timeout=5)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "attacker-session"
+    pinned, first, retry = "proc/000000000001", "proc/000000000002", "proc/000000000003"
+    await protocol.acquire(aredis, keys, "v", session, settings, call=retry, floor=pinned)
+    with pytest.raises(LockError, match="already ended"):
+        await protocol.acquire(aredis, keys, "v", session, settings, call=first, floor=pinned)
+    waiter = (await aredis.hget(keys.key("waiters"), "v") or b"").decode()
+    assert waiter.endswith(" " + retry), waiter
+    await lock.release(holder)

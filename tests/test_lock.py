@@ -23,6 +23,7 @@ from redis_fifo_lock import (
     RedisUnavailable,
     SyncFifoLock,
 )
+from redis_fifo_lock.calls import call_ids
 from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.polling import until, until_sync
 from tests.support.record import Record, violations
@@ -312,8 +313,8 @@ async def test_a_retry_with_the_same_token_keeps_its_place(aredis: Redis) -> Non
         "early",
         hub_group_session,
         again.settings,
-        call=f"{hub_group_session}/000000000001",
-        floor="000000000001",
+        call="retrier/000000000001",
+        floor="retrier/000000000001",
     )
     assert grant is None and same_ticket == ticket
     await lock.release(holder)
@@ -329,7 +330,13 @@ async def test_a_retried_acquire_of_a_granted_request_returns_the_same_grant(
     lock = fast_lock(aredis)
     lease = await lock.acquire(token="mine")
     grant, _, _ = await lock._protocol.acquire(
-        aredis, lock.keys, "mine", "s", lock.settings, call="s/000000000001", floor="000000000001"
+        aredis,
+        lock.keys,
+        "mine",
+        "s",
+        lock.settings,
+        call="retrier/000000000001",
+        floor="retrier/000000000001",
     )
     assert grant is not None and grant.fence == lease.fence
     assert (await lock.status()).fence == lease.fence  # not granted twice
@@ -344,9 +351,8 @@ async def test_releasing_twice_is_a_no_op(aredis: Redis) -> None:
     # A release that Redis sees twice (a lost reply, re-sent) is a no-op too.
     keep_ms = lock.settings.keep_ms
     token, fence, call = lease.token, lease.fence, lease.call
-    session = call.rpartition("/")[0]
     outcome, _ = await lock._protocol.release(
-        aredis, lock.keys, token, fence, keep_ms, call, session, "000000000000"
+        aredis, lock.keys, token, fence, keep_ms, call, "-", call_ids().floor(lock.keys)
     )
     assert outcome == 0
 

@@ -10,11 +10,12 @@
 -- ARGV[6] alive_ms: how long the session counts as alive from now, in milliseconds
 -- ARGV[7] keep_ms: how long, in milliseconds, an idle name's keys, and the
 --         records of a session no script spoke of, are kept
--- ARGV[8] floor: the calling session's floor (12 hex digits, see lib.lua)
--- ARGV[9] call: id of the acquire call sending this, "<session>/<seq>" (see
+-- ARGV[8] floor: the calling process's floor, "<process>/<seq>" (see lib.lua)
+-- ARGV[9] call: id of the acquire call sending this, "<process>/<seq>" (see
 --         lib.lua); a call that finds its token queued or granted takes that
---         request over, and the call it replaces counts as ended. A request
---         that lost its place (its grant expired unclaimed, or its session was
+--         request over (unless it is an earlier call of the same process: a
+--         late copy), and the call it replaces counts as ended. A request that
+--         lost its place (its grant expired unclaimed, or its session was
 --         presumed dead) joins again at the back with a new call
 --
 -- Returns:
@@ -29,7 +30,7 @@ local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep_ms, floor, call = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local now, now_us = clock()
-advance(session, floor, now, keep_ms)
+advance(floor, now, keep_ms)
 
 -- A call whose request ended, or was taken over by a later call of the same
 -- token: a late copy of it changes nothing. (A request still queued or held
@@ -40,6 +41,16 @@ local queued_call = queued and (waiter_of(token) or {})[4]
 local how = held[4] ~= call and queued_call ~= call and ended(call)
 if how then
     return {-1, how}
+end
+-- An earlier call of the process that made the request's current call is a
+-- late copy: it never takes the request over from its successor.
+local current = held[1] == token and held[4] or queued_call
+if current and current ~= call then
+    local process, seq = split_call(call)
+    local its_process, its_seq = split_call(current)
+    if process and process == its_process and seq < its_seq then
+        return {-1, ENDED_WITHDRAWN}
+    end
 end
 
 -- A retry of the token (a new call) takes its request over; the call it

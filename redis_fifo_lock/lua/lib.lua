@@ -12,21 +12,22 @@
 --                     ended by a script (to notice that its lease expired)
 --   KEYS[6] finished  sorted set, every score 0, read by member (ZRANGEBYLEX):
 --                     "<call> <how>": the request made by acquire call <call>
---                     ended (ENDED_*); and per session "<session>/~ <floor> <ms>":
---                     that session's floor (see advance) and when (server ms) a
+--                     ended (ENDED_*); and per process "<process>/~ <floor> <ms>":
+--                     that process's floor (see advance) and when (server ms) a
 --                     script last spoke of it. Recognises a re-sent script.
 --
 -- A request is named by its token (the caller's, kept across retries) and the
 -- id of the acquire call that made it, or adopted it (a retry with the same
 -- token takes the queued request over). Redis gives it a ticket when it queues.
--- A call id is "<session>/<seq>": the session of the process that sent it and
--- a number (12 hex digits) that process never uses twice and issues in order.
--- The process sends with each acquire, release and withdraw its floor: the
--- lowest seq of its requests on this lock with a call in flight (or about to
--- be sent). Every request of that session below the floor that is not queued
--- or held has ended and can be refused without a record, so the records kept
--- are only those of requests whose process is still talking about them: a
--- handful, however often the name is used.
+-- A call id is "<process>/<seq>": an id of the process that sent it (new in
+-- each process, also after fork) and a number (12 hex digits) that process
+-- never uses twice and issues in order. The process sends with each acquire,
+-- release and withdraw its floor, "<process>/<seq>": the lowest seq of its
+-- requests on this lock with a call in flight (or about to be sent). Every
+-- request of that process below the floor that is not queued or held has
+-- ended and can be refused without a record, so the records kept are only
+-- those of requests whose process is still talking about them: a handful per
+-- process, however often the name is used.
 --
 -- Every script that writes ends with touch(keep_ms): all keys but the lease
 -- expire once the name has been idle (no script at all) for keep_ms, so an
@@ -62,9 +63,10 @@ local function next_number(field, now_us)
     return n
 end
 
--- The session and seq of a call id, or nil for an unknown call ('-').
+-- The process and seq of a call id (or of a floor), or nil for an unknown
+-- call ('-').
 local function split_call(call)
-    return string.match(call, '^(%S+)/(%x+)$')
+    return string.match(call, '^([^/%s]+)/(%x+)$')
 end
 
 -- A session's {floor, ms} entry in K_FINISHED, or nil.
@@ -102,10 +104,15 @@ local function forget_silent(now, keep_ms)
     end
 end
 
--- `session` (the caller) says its requests below seq `floor` (12 hex digits)
--- that are not queued or held have ended: their records go, and the floor is
--- kept (it never goes down: a late copy carries an older one).
-local function advance(session, floor, now, keep_ms)
+-- The caller's process says, with `floor_id` ("<process>/<seq>"), that its
+-- requests below that seq that are not queued or held have ended: their
+-- records go, and the floor is kept (it never goes down: a late copy carries
+-- an older one).
+local function advance(floor_id, now, keep_ms)
+    local session, floor = split_call(floor_id)
+    if not session then
+        return
+    end
     local old = floor_of(session)
     if not old then
         forget_silent(now, keep_ms)
@@ -184,8 +191,8 @@ end
 -- waiter that died a moment ago stalls the lock no longer than its liveness; the
 -- waiter re-arms it to lease_ms when it claims the grant.
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
--- with "<token> <fence> <ticket> <pttl_ms>": a hint to claim, never proof of a
--- grant (anyone allowed to PUBLISH there could send one). No ring when the
+-- with "<token> <fence> <ticket> <pttl_ms> <call>": a hint to claim, never proof
+-- of a grant (anyone allowed to PUBLISH there could send one). No ring when the
 -- grant goes to `caller_token` (the request the running script acts for) or to
 -- `caller_session` (the process running it): they learn of it from the reply. The ring is a pcall: a PUBLISH that the server refuses (an ACL
 -- without the channel) must not fail the script after its writes; the waiter
@@ -221,7 +228,7 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session)
             redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then
                 redis.pcall('PUBLISH', doorbell .. ':' .. session,
-                    token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl))
+                    token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl) .. ' ' .. call)
             end
             return {token, fence, ticket, ttl, call, session}
         end

@@ -9,7 +9,7 @@
 -- ARGV[5] call: id of the acquire call the lease answered (see acquire.lua)
 -- ARGV[6] session of the releasing process: a grant to one of its own waiters
 --         is returned, not rung (it hands over without a pub/sub hop)
--- ARGV[7] floor: that session's floor (see lib.lua)
+-- ARGV[7] floor: the releasing process's floor (see lib.lua)
 --
 -- Returns {outcome} or, when the lock went to a waiter of `session`,
 -- {outcome, token, fence, ticket, pttl_ms, call}; outcome is:
@@ -21,7 +21,7 @@
 local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local keep_ms, call, session, floor = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
 local now, now_us = clock()
-advance(session, floor, now, keep_ms)
+advance(floor, now, keep_ms)
 local held = current_grant()
 local result = -1
 if held and held[1] == token and held[2] == fence then

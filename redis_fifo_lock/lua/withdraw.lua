@@ -2,8 +2,9 @@
 -- not learn whether its acquire ran). If it is still queued it leaves the queue;
 -- if its grant landed meanwhile, the grant is given back and handed to the next
 -- waiter at once, so the lock never stalls. Only the request of `session` with
--- that ticket (or made by that call) is touched: a late withdraw never gives
--- away a later request of the same token, nor another process's.
+-- that ticket and made by that call is touched: a late withdraw never gives
+-- away a later request of the same token (nor one a retry took over), nor
+-- another process's.
 --
 -- KEYS: the six lock keys, see lib.lua.
 -- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
@@ -14,8 +15,10 @@
 --         so that its acquire, if still on its way, changes nothing when it lands
 -- ARGV[4] session id of the process that made the request
 -- ARGV[5] keep_ms: see acquire.lua
--- ARGV[6] call: id of the acquire call that made the request (see acquire.lua)
--- ARGV[7] floor: the session's floor (see lib.lua)
+-- ARGV[6] call: id of the acquire call that made the request (see acquire.lua),
+--         or '-' for a grant rung for a request nobody waits for, given back
+--         by its ticket
+-- ARGV[7] floor: the calling process's floor (see lib.lua)
 --
 -- Returns:
 --   1  withdrawn from the queue (cancelled before the grant)
@@ -24,18 +27,21 @@
 local doorbell, token, ticket = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local session, keep_ms, call, floor = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local now, now_us = clock()
-advance(session, floor, now, keep_ms)
+advance(floor, now, keep_ms)
 local result = 0
 
--- Whether the request (queued or holding) with `its_ticket` and `its_call` is this one.
+-- Whether the request (queued or holding) with `its_ticket` and `its_call` is
+-- this one: of this session, made by this call (when the caller knows it:
+-- not for a ring given back) and holding this ticket (when known). A request
+-- a later call took over is no longer this call's.
 local function is_this(its_session, its_ticket, its_call)
     if its_session ~= session then
         return false
     end
-    if ticket == 0 then
-        return its_call == call
+    if call ~= '-' and its_call ~= call then
+        return false
     end
-    return its_ticket == ticket
+    return ticket == 0 or its_ticket == ticket
 end
 
 local queued = tonumber(redis.call('ZSCORE', K_QUEUE, token))

@@ -41,6 +41,7 @@ from redis_fifo_lock.protocol import (
     Protocol,
     Script,
 )
+from redis_fifo_lock.renewal import Renewal
 from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import Hub, Waiter, WaitGroup
 from tests.adversarial.actors import cancelling
@@ -424,7 +425,7 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local granted = grant_next(now, now_us, doorbell, keep_ms, token, false)",
+                    "local granted = grant_next(now, now_us, doorbell, token, false)",
                     "local granted = nil\n"
                     "if redis.call('EXISTS', K_LEASE) == 0 then -- MUTANT grant-not-head\n"
                     "    redis.call('ZREM', K_QUEUE, token)\n"
@@ -601,7 +602,7 @@ MUTANTS: dict[str, Mutant] = {
             "no local deadline",
             lock_class=UnboundedRenewalLock,
             requires=(
-                (FifoLock._renew, "self._renew_once("),
+                (Renewal._run, "lock._renew_once("),
                 (Lease, "time.monotonic() >= self.expires_at"),
             ),
         ),
@@ -621,8 +622,8 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local ticket = tonumber(redis.call('ZSCORE', K_QUEUE, token))",
-                    "local ticket = nil -- MUTANT acquire-not-idempotent",
+                    "local ticket = queued\n",
+                    "local ticket = nil -- MUTANT acquire-not-idempotent\n",
                 ),
             ),
         ),

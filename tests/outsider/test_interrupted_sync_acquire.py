@@ -12,7 +12,7 @@ a task dump of the portal shows several ``SyncFifoLock.acquire.<locals>.run``
 tasks still pending after their callers were interrupted (the cancellation
 from ``Portal.call``'s ``abandon()`` was swallowed, bpo-42130 style), waiting on
 with ``timeout=None``; one of them gets the grant, nobody will ever release it,
-and the portal renews it (``FifoLock._renew``) until ``max_hold_ms`` (30 min by
+and the portal renews it (``renewal.Renewal``) until ``max_hold_ms`` (30 min by
 default). The portal now undoes such a task's result whenever it ends; on 3.10 the
 test still fails for 1-2 of 20 seeds (open; run it there with
 ``.tox/py310-*/bin/python -m pytest tests/outsider/test_interrupted_sync_acquire.py``).

@@ -1,0 +1,138 @@
+"""One object per event loop and process: ``LoopContext``, found with ``loop_context()``.
+
+A ``redis.asyncio`` client, and all that is built on it (a ``Hub``'s doorbell,
+lanes and tasks, a lease's renewal timer), belongs to the event loop it was
+made on. Everything this process keeps per loop lives in that loop's
+``LoopContext``: the clients ``LoopClients`` built for it, the hubs, and the
+renewals to hand over to the portal loop when it closes. ``loop_context()`` is
+the one way in: it looks the running loop up and, on a miss, creates the
+context and wraps the loop's ``close`` once, so that the context is closed
+(``aclose()``) and forgotten when the loop closes - as ``asyncio.run`` and
+every ``async_to_sync`` call do. The registry is per process: a forked child
+starts with none, and never uses or closes its parent's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from .protocol import AsyncClient
+
+if TYPE_CHECKING:
+    from .clients import LoopClients
+    from .renewal import Renewal
+    from .waiting import Hub
+
+
+class LoopContext:
+    """What this process keeps for one event loop. Used on that loop's thread only.
+
+    Attributes:
+        pid: the process (int) the context belongs to.
+        clients: the client each ``LoopClients`` built for the loop.
+        hubs: the ``Hub`` of each client used on the loop (by client, held weakly).
+        renewals: the renewals running on the loop for leases acquired through a
+            ``LoopClients``; they move to the portal loop when the loop closes
+            (held weakly).
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.clients: dict[LoopClients, AsyncClient] = {}
+        self.hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
+        self.renewals: weakref.WeakSet[Renewal] = weakref.WeakSet()
+
+    @property
+    def owns_anything(self) -> bool:
+        """Whether ``aclose()`` has anything to do (clients to close, renewals to
+        hand over)."""
+        return bool(self.clients) or len(self.renewals) > 0
+
+    async def aclose(self) -> None:
+        """Hand the renewals over to the portal loop, then close the clients (and
+        the Sentinel connections they were found through). Never raises: what
+        fails to close is left to garbage collection."""
+        renewals, self.renewals = list(self.renewals), weakref.WeakSet()
+        await asyncio.gather(*(renewal.hand_over() for renewal in renewals), return_exceptions=True)
+        clients, self.clients = list(self.clients.values()), {}
+        await asyncio.gather(*(close_client(client) for client in clients), return_exceptions=True)
+        self.hubs = weakref.WeakKeyDictionary()
+
+
+async def close_client(client: AsyncClient) -> None:
+    """Close ``client``; for a Sentinel master client, its sentinels' clients too."""
+    await client.aclose()
+    # A client from Sentinel.master_for() keeps its sentinels' clients open.
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()
+
+
+_contexts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopContext] = (
+    weakref.WeakKeyDictionary()
+)
+_guard = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's loops and connections are not the child's; a thread of the
+    # parent may have held the guard at the moment of the fork, and that thread
+    # does not exist here to release it.
+    global _contexts, _guard
+    _contexts = weakref.WeakKeyDictionary()
+    _guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def loop_context() -> LoopContext:
+    """The ``LoopContext`` of the running event loop in this process, created on
+    first use; it is closed just before the loop closes.
+
+    Raises:
+        RuntimeError: no event loop is running.
+    """
+    loop = asyncio.get_running_loop()
+    with _guard:
+        context = _contexts.get(loop)
+        if context is not None and context.pid == os.getpid():
+            return context
+        context = _contexts[loop] = LoopContext()
+    _close_with(loop)
+    return context
+
+
+def contexts() -> dict[asyncio.AbstractEventLoop, LoopContext]:
+    """This process's contexts by loop: a copy, for tests and diagnostics."""
+    with _guard:
+        return {loop: ctx for loop, ctx in _contexts.items() if ctx.pid == os.getpid()}
+
+
+def _close_with(loop: asyncio.AbstractEventLoop) -> None:
+    """Wrap ``loop.close`` (as channels_redis does) to close the loop's context first.
+
+    A loop that refuses the wrapper (a read-only ``close``) keeps its context
+    until it is garbage-collected, and its clients are closed by garbage
+    collection too.
+    """
+    original_close = loop.close
+
+    def close() -> None:
+        context = None
+        if not loop.is_running() and not loop.is_closed():  # else close() refuses anyway
+            with _guard:
+                context = _contexts.pop(loop, None)
+        try:
+            if context is not None and context.pid == os.getpid() and context.owns_anything:
+                loop.run_until_complete(context.aclose())
+        finally:
+            original_close()
+
+    with contextlib.suppress(AttributeError, TypeError):
+        loop.close = close  # type: ignore[method-assign]

@@ -1,0 +1,190 @@
+"""A lease's background renewal: ``Renewal``, started by ``start_renewal``.
+
+A holder renews its lease every ``lease_ms / 3`` through its hub's ``urgent``
+lane (never behind enqueues and polls), each renewal bounded by the lease's
+remaining life: a holder cut off from Redis learns that it lost the lock
+(``lease.lost``, ``wait_lost``) when its lease runs out, never later. A lease
+acquired through a ``LoopClients`` is handed over to the process's portal loop
+when its own loop closes, and renewed there until released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .errors import RedisUnavailable
+from .loops import loop_context
+from .portal import is_portal_loop, portal
+from .protocol import RENEWED
+from .waiting import Hub, hub_for
+
+if TYPE_CHECKING:
+    from .lease import Lease
+    from .lock import FifoLock
+
+log = logging.getLogger("redis_fifo_lock")
+
+RENEW_REPLY_FLOOR_S = 0.05
+"""Shortest wait for a renewal's reply, in seconds, even when the lease is about
+to end (at ``max_hold_ms`` Redis's answer says why)."""
+RENEW_RETRY_S = 0.5
+"""Pause before a renewal that could not reach Redis is tried again, in seconds."""
+RENEWAL_END_RECHECK_S = 0.02
+"""Seconds between checks, after a release, that its cancelled renewal ended."""
+RENEWAL_END_WAIT_S = 1.0
+"""Longest wait, in seconds, of a release for its cancelled renewal to end."""
+
+
+def start_renewal(lock: FifoLock, hub: Hub, lease: Lease, first_at: float) -> None:
+    """Renew ``lease`` of ``lock`` through ``hub`` (of the running loop), first at
+    ``first_at`` (``time.monotonic()`` seconds)."""
+    hub.leases[(lock.keys, lease.token)] = lease
+    lease.renewing(Renewal(lock, lease, hub, first_at))
+
+
+class Renewal:
+    """The background renewal of one lease: a timer until the first renewal is
+    due, then a task running the renewals until the lease is released or lost.
+
+    A timer costs a fraction of a task, and most holds end before their first
+    renewal (a third of ``lease_ms``), so a grant and its release create no task
+    at all. Created on the loop that renews (the running one).
+
+    Args:
+        lock: the ``FifoLock`` that granted the lease.
+        lease: the ``Lease`` to keep alive.
+        hub: the ``Hub`` whose ``urgent`` lane the renewals take.
+        first_at: when the first renewal is due, in ``time.monotonic()`` seconds.
+    """
+
+    def __init__(self, lock: FifoLock, lease: Lease, hub: Hub, first_at: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.lock = lock
+        self.lease = lease
+        self.first_at = first_at
+        self._hub = hub
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._timer = self.loop.call_later(max(0.0, first_at - time.monotonic()), self._fire)
+        if lock.clients is not None and not is_portal_loop(self.loop):
+            loop_context().renewals.add(self)
+
+    def _fire(self) -> None:
+        if not self._stopped:
+            self._task = self.loop.create_task(self._run())
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Stop renewing, from a coroutine or callback on any loop: no renewal
+        starts from now on, and a running one is cancelled (its reply, if any,
+        is ignored). On the renewing loop, returns the cancelled task, if one
+        ran, for the caller to await. From another loop, the renewing loop
+        stops it soon and None is returned (a renewal cut off then never reads
+        its reply, and Redis refuses a renewal that runs after the release); a
+        closed renewing loop (an ``async_to_sync`` call's) renews nothing."""
+        if self.loop is not asyncio.get_running_loop():
+            if not self.loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
+                    self.loop.call_soon_threadsafe(self.stop)
+            return None
+        self._stopped = True
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        return self._task
+
+    async def hand_over(self) -> None:
+        """The renewing loop is closing: renew the lease on the portal loop from now on."""
+        lease = self.lease
+        if self._stopped or lease.released or lease.lost:
+            return
+        running = self.stop()
+        if running is not None:
+            await asyncio.gather(running, return_exceptions=True)
+        portal().call_soon(self._resume_on_portal)
+
+    def _resume_on_portal(self) -> None:
+        if not (self.lease.releasing or self.lease.lost):
+            start_renewal(self.lock, hub_for(self.lock.client), self.lease, time.monotonic())
+
+    async def _run(self) -> None:
+        """Keep the lease alive until released; mark it lost when Redis refuses,
+        or when its ``expires_at`` passes with no renewal answered."""
+        lock, lease = self.lock, self.lease
+        settings = lock.settings
+        interval = settings.renew_every_s
+        next_at = self.first_at
+        failure = "no reply"  # why the latest renewals failed, for the loss's reason
+        capped = False  # the last renewal was cut short by the max-hold deadline
+        while True:
+            # Never past the lease's own deadline: a retry pause after a failed
+            # renewal must not let the lease lapse unnoticed (``wait_lost``).
+            await asyncio.sleep(max(0.0, min(next_at, lease.expires_at) - time.monotonic()))
+            late = time.monotonic() - next_at
+            if late > settings.lease_ms / 3000:
+                log.warning(
+                    "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d); the "
+                    "event loop was blocked - raise lease_ms or stop blocking the loop",
+                    lock.name,
+                    late,
+                    settings.lease_ms,
+                )
+            sent = time.monotonic()
+            if sent >= lease.expires_at:
+                self._lose(
+                    f"max_hold_ms ({settings.max_hold_ms}) reached"
+                    if capped
+                    else f"no renewal succeeded before the lease expired ({failure})",
+                )
+                return
+            try:
+                # Bounded by the lease's remaining life: a holder cut off from
+                # Redis must learn it lost the lock when the lease expires, not
+                # whenever the client's own timeouts give up.
+                outcome, pttl_ms = await asyncio.wait_for(
+                    lock._renew_once(self._hub, lease),
+                    max(RENEW_REPLY_FLOOR_S, lease.expires_at - sent),
+                )
+            except (RedisUnavailable, asyncio.TimeoutError) as exc:
+                # NotReplicated has no redis-py cause: its message says why.
+                failure = str(getattr(exc, "cause", None) or getattr(exc, "message", failure))
+                next_at = time.monotonic() + min(RENEW_RETRY_S, interval)
+                continue
+            if outcome != RENEWED:
+                self._lose(
+                    f"max_hold_ms ({settings.max_hold_ms}) reached"
+                    if outcome != 0
+                    else "Redis refused the renewal: the lease expired or was taken"
+                )
+                return
+            lease.renewed(sent + pttl_ms / 1000)
+            capped = pttl_ms < settings.lease_ms
+            next_at = sent + min(interval, pttl_ms / 2000)
+
+    def _lose(self, reason: str) -> None:
+        if self.lease.lose(reason):
+            log.warning(
+                "FIFO lock %r: lease fence %d lost: %s", self.lock.name, self.lease.fence, reason
+            )
+
+
+async def end_renewal(task: asyncio.Task[None]) -> None:
+    """Wait for the cancelled renewal ``task`` of a released lease to end, for at
+    most ``RENEWAL_END_WAIT_S`` seconds.
+
+    On Python 3.10 and 3.11, ``asyncio.wait_for`` swallows a cancellation that
+    arrives as the call it waits for completes (bpo-42130): the renewal then
+    carries on and sleeps until its next renewal is due (``lease_ms / 3``).
+    So the task is cancelled again whenever it is found still running; its
+    next await (that sleep) ends it. Past the bound the task is left to end by
+    itself: Redis refuses a renewal of a released lease, and a refusal after
+    the release does not mark the lease lost.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RENEWAL_END_WAIT_S
+    while not task.done() and loop.time() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=RENEWAL_END_RECHECK_S)

@@ -1,0 +1,69 @@
+"""``LoopContext``: what the lock keeps per event loop goes when the loop closes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from asgiref.sync import async_to_sync
+
+from redis_fifo_lock import FifoLock, Lease, LoopClients, SyncFifoLock
+from redis_fifo_lock.loops import contexts
+from redis_fifo_lock.portal import is_portal_loop, portal
+
+SETTINGS = {"lease_ms": 600, "poll_ms": 100}
+
+
+def other_loops() -> list[asyncio.AbstractEventLoop]:
+    """The loops of this process with a context, but for the portal's (which never closes)."""
+    return [loop for loop in contexts() if not is_portal_loop(loop)]
+
+
+async def hold_and_wait(lock: FifoLock) -> None:
+    """Hold ``lock`` while a second request waits for it, so that hubs, wait
+    groups and a renewal all exist on the loop."""
+    async with lock.hold(timeout=5):
+        second = asyncio.create_task(lock.acquire(timeout=5))
+        await asyncio.sleep(0.25)  # past a renewal (lease_ms / 3): it is not awaited
+    await lock.release(await second)
+
+
+def test_no_loop_context_is_left_after_asyncio_run(redis_url: str) -> None:
+    lock = FifoLock(LoopClients(redis_url), "run", **SETTINGS)
+    for _ in range(3):
+        asyncio.run(hold_and_wait(lock))
+        assert other_loops() == []
+    assert len(lock.clients or ()) == 0
+
+
+def test_no_loop_context_is_left_after_async_to_sync(redis_url: str) -> None:
+    lock = FifoLock(LoopClients(redis_url), "a2s", **SETTINGS)
+    for _ in range(3):
+        async_to_sync(hold_and_wait)(lock)
+        assert other_loops() == []
+    assert len(lock.clients or ()) == 0
+
+
+def test_a_lease_handed_over_at_loop_close_leaves_no_context_behind(redis_url: str) -> None:
+    lock = FifoLock(LoopClients(redis_url), "handed", **SETTINGS)
+
+    async def acquire() -> Lease:
+        return await lock.acquire(timeout=5)
+
+    async def release(lease: Lease) -> None:
+        await lock.release(lease)
+
+    lease = async_to_sync(acquire)()
+    assert other_loops() == []  # its renewal went to the portal with its loop's close
+    async_to_sync(release)(lease)
+    assert other_loops() == []
+    assert lease.released and not lease.lost
+    assert len(contexts()[portal().loop].renewals) == 0
+
+
+def test_the_sync_facade_keeps_only_the_portal_loops_context(redis_url: str) -> None:
+    lock = SyncFifoLock(redis_url, "sync", **SETTINGS)
+    with lock.hold(timeout=5) as lease:
+        assert not lease.lost
+    assert other_loops() == []
+    assert portal().loop in contexts()
+    assert len(contexts()[portal().loop].renewals) == 0
