@@ -11,8 +11,10 @@ pool, ``--workers`` processes) and uvicorn serving the project, and issues
 invoices from all three surfaces at once: ``--tasks`` Celery tasks,
 ``--requests`` HTTP POSTs to the async view, and ``--command-runs`` runs of
 ``manage.py issue_invoices``. A progress line shows the count per source.
-Finally it checks the stored invoices (see ``example_project.report``), prints
-a table, and stops everything it started, also on Ctrl-C or SIGTERM.
+Finally it checks the stored invoices (see ``example_project.report``), stops
+everything it started (also on Ctrl-C or SIGTERM), and prints two tables: the
+invoices by source, and the lock's OpenTelemetry metrics recorded by every
+process it started (see ``example_project.telemetry``).
 
 Exit status: 0 when every operation succeeded and every check held, 1 when
 not, 2 when the demo could not be set up, 128 + the signal's number when
@@ -47,7 +49,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from example_project import report
+from example_project import report, telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: put on the children's PYTHONPATH."""
@@ -599,6 +601,8 @@ def setup_django(run_dir: Path, url: str, run_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    (run_dir / "telemetry").mkdir()
+    env[telemetry.ENV] = str(run_dir / "telemetry")
     return env
 
 
@@ -676,11 +680,15 @@ def shared_lock_name() -> str:
     from example_project.invoices.tasks import issue_invoice_task
     from fifolock_celery import LockSpec
 
-    django_name = invoice_lock().name
+    django_lock = invoice_lock().sync_lock()
     spec: LockSpec = getattr(issue_invoice_task.run, "fifo_lock_spec")  # noqa: B009
-    if spec.name.template != django_name:
-        raise DemoError(f"the task locks {spec.name.template!r}, the view {django_name!r}")
-    return django_name
+    config = spec.config(issue_invoice_task.app, spec.name.template)
+    task_lock = config.lock(spec.name.template)
+    django_where = (django_lock.name, django_lock.namespace, django_lock.clients)
+    task_where = (task_lock.name, task_lock.namespace, task_lock.clients)
+    if task_where != django_where or config.django_mismatch() is not None:
+        raise DemoError(f"the task locks {task_where!r}, the view {django_where!r}")
+    return django_lock.name
 
 
 def check_lock_idle(rows: Sequence[report.Row]) -> report.Check:
@@ -745,8 +753,11 @@ def run(config: Config, run_dir: Path, stack: ExitStack) -> int:
     rows = load_rows()
     expected = sum(outcome.invoices for outcome in outcomes.values())
     checks = [check_outcomes(outcomes), *report.verify(rows, expected), check_lock_idle(rows)]
+    children.stop_all()  # each child writes its metrics as it stops
     say("")
     say(report.format_table(report.summarise(rows)))
+    say("")
+    say(telemetry.format_table(telemetry.collect(run_dir / "telemetry")))
     say("")
     for check in checks:
         say(f"{'PASS' if check.ok else 'FAIL'}  {check.name:<22} {check.detail}")

@@ -97,9 +97,8 @@ CELERY_TASK_DEFAULT_QUEUE = CELERY_QUEUE
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# The lock for @fifo_locked tasks: same server (and database) as the cache's,
-# and the same timing.
-CELERY_FIFO_LOCK_REDIS_URL = REDIS_URL
+# The lock for @fifo_locked tasks is the cache's (FIFOLOCK['CACHE']): same
+# server, database and names, with nothing to set here. The same timing:
 CELERY_FIFO_LOCK_LEASE_MS = LEASE_MS
 CELERY_FIFO_LOCK_POLL_MS = POLL_MS
 CELERY_FIFO_LOCK_MAX_HOLD_MS = MAX_HOLD_MS

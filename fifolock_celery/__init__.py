@@ -8,16 +8,16 @@ builds a ``SyncFifoLock`` from the app's ``fifo_lock_*`` settings (see
 ``fifolock_celery.settings``; Sentinel and Redis Cluster servers in
 ``fifolock_celery.server``) for locking by hand.
 
-Importing this package also connects two worker signal receivers (start-up
-warnings, per-process clients): see ``fifolock_celery.worker``.
+Importing this package also connects a worker signal receiver (start-up
+warnings): see ``fifolock_celery.worker``.
 """
 
-from . import worker as _worker  # noqa: F401  (connects the signal receivers)
-from .clients import clients_for, lock_for
+from redis_fifo_lock import LockServer
+
+from . import worker as _worker  # noqa: F401  (connects the signal receiver)
 from .decorator import UNSET, LockSpec, fifo_locked
 from .lease import current_lease
 from .policies import CONTENTION_HEADER, SKIPPED, Policy
-from .server import LockServer
 from .settings import (
     LEASE_MS_SETTING,
     MAX_HOLD_MS_SETTING,
@@ -27,6 +27,7 @@ from .settings import (
     REPLICAS_SETTING,
     TRANSPORT_OPTIONS_SETTING,
     LockConfig,
+    lock_for,
 )
 from .task import FifoLockedTask
 from .worker import start_warnings
@@ -47,7 +48,6 @@ __all__ = [
     "LockServer",
     "LockSpec",
     "Policy",
-    "clients_for",
     "current_lease",
     "fifo_locked",
     "lock_for",

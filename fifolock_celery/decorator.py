@@ -22,20 +22,23 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast, overload
 
-from celery import Task
+from celery import Celery, Task
 from celery._state import get_current_task
 
-from redis_fifo_lock import LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock import LockOptions, LockTimeout, LockUsageError, SyncFifoLock
 from redis_fifo_lock.lock import check_timeout
+from redis_fifo_lock.settings import Spelling, given_options
 
-from .clients import lock_for
 from .lease import acquire, published
 from .names import NameTemplate
 from .policies import DEFAULT_COUNTDOWN_S, Policy, check_countdown, check_policy, contended, granted
-from .settings import check_lock_option
+from .settings import LockConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -51,33 +54,36 @@ UNSET = Unset.UNSET
 """``timeout`` not given: None (wait forever) for ``wait``, 0 (try once) otherwise."""
 
 
+def decorator_spelling(option: str) -> str:
+    """How ``@fifo_locked`` spells a lock option in messages: ``@fifo_locked(lease_ms=...)``."""
+    return f"@fifo_locked({option}=...)"
+
+
 def check_options(
     timeout: object,
     policy: object,
     countdown: object,
-    lease_ms: object,
-    poll_ms: object,
-    max_hold_ms: object,
-    replicas: object,
-    replica_wait_ms: object,
+    options: Mapping[str, object],
     *,
-    spell: Callable[[str], str] = lambda option: f"@fifo_locked({option}=...)",
-) -> tuple[float | None, Policy, float]:
+    spell: Spelling = decorator_spelling,
+) -> tuple[float | None, Policy, float, dict[str, int]]:
     """Check the lock options that do not depend on the function.
 
     Args:
-        timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms, replicas,
-            replica_wait_ms: as for ``fifo_locked``.
+        timeout, policy, countdown: as for ``fifo_locked``.
+        options: the lock options given (``redis_fifo_lock.LockOptions`` keys).
         spell: how an option is spelled by the user, for error messages
             (default: ``@fifo_locked(lease_ms=...)``).
 
     Returns:
-        ``(timeout, policy, countdown)``: the timeout in seconds (float, or None
-        to wait forever) with ``UNSET`` resolved for the policy, the policy, and
-        the countdown in seconds (float).
+        ``(timeout, policy, countdown, options)``: the timeout in seconds
+        (float, or None to wait forever) with ``UNSET`` resolved for the
+        policy, the policy, the countdown in seconds (float), and the lock
+        options given (None ones left out), each checked on its own.
 
     Raises:
         ValueError: naming the option, for any value ``fifo_locked`` refuses.
+        TypeError: an option that is not a lock option.
     """
     checked_policy = check_policy(policy)
     checked_timeout: float | None
@@ -90,17 +96,8 @@ def check_options(
         )
     else:
         checked_timeout = check_timeout(timeout)
-    lock_options = {
-        "lease_ms": lease_ms,
-        "poll_ms": poll_ms,
-        "max_hold_ms": max_hold_ms,
-        "replicas": replicas,
-        "replica_wait_ms": replica_wait_ms,
-    }
-    for option, value in lock_options.items():
-        if value is not None:
-            check_lock_option(option, spell(option), value)
-    return checked_timeout, checked_policy, check_countdown(countdown)
+    checked_countdown = check_countdown(countdown)
+    return checked_timeout, checked_policy, checked_countdown, given_options(options, spell)
 
 
 @dataclass(frozen=True)
@@ -114,11 +111,11 @@ class LockSpec:
         policy: what to do when ``timeout`` runs out: "wait" (fail with
             ``LockTimeout``), "retry" or "skip" (see ``fifolock_celery.policies``).
         countdown: seconds (float) before a task republished by "retry" runs.
-        lease_ms, poll_ms, max_hold_ms, replica_wait_ms: per-task overrides
-            (int milliseconds) of the app's ``fifo_lock_*`` settings, or None to
-            use the app's.
-        replicas: per-task override (int) of the app's ``fifo_lock_replicas``,
-            or None to use the app's.
+        options: the task's own lock options (``lease_ms``, ``poll_ms``,
+            ``max_hold_ms``, ``replica_wait_ms`` in int milliseconds,
+            ``replicas``), overriding the app's ``fifo_lock_*`` settings; the
+            options not given are absent.
+        spell: how the task spells an option, for messages.
 
     Build it with ``LockSpec.build``, which checks every value.
     """
@@ -127,11 +124,8 @@ class LockSpec:
     timeout: float | None
     policy: Policy
     countdown: float
-    lease_ms: int | None
-    poll_ms: int | None
-    max_hold_ms: int | None
-    replicas: int | None
-    replica_wait_ms: int | None
+    options: dict[str, int]
+    spell: Spelling = field(default=decorator_spelling, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -142,59 +136,42 @@ class LockSpec:
         timeout: float | Unset | None = UNSET,
         policy: Policy = "wait",
         countdown: float = DEFAULT_COUNTDOWN_S,
-        lease_ms: int | None = None,
-        poll_ms: int | None = None,
-        max_hold_ms: int | None = None,
-        replicas: int | None = None,
-        replica_wait_ms: int | None = None,
-        spell: Callable[[str], str] = lambda option: f"@fifo_locked({option}=...)",
+        spell: Spelling = decorator_spelling,
+        **options: Unpack[LockOptions],
     ) -> LockSpec:
         """Check the options for ``func`` and return them as a ``LockSpec``.
 
         Args:
             name: lock name or template (str), see ``NameTemplate``.
             func: the task function (its signature fills the template).
-            timeout, policy, countdown: as for ``fifo_locked``.
-            lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for ``fifo_locked``.
+            timeout, policy, countdown, and the lock options: as for
+                ``fifo_locked``.
             spell: how an option is spelled by the user, for error messages.
 
         Raises:
             ValueError: naming the option, for any value ``fifo_locked``
                 refuses (see there).
+            TypeError: an option that is not a lock option.
         """
-        checked_timeout, checked_policy, checked_countdown = check_options(
-            timeout,
-            policy,
-            countdown,
-            lease_ms,
-            poll_ms,
-            max_hold_ms,
-            replicas,
-            replica_wait_ms,
-            spell=spell,
+        checked_timeout, checked_policy, checked_countdown, given = check_options(
+            timeout, policy, countdown, options, spell=spell
         )
         return cls(
             NameTemplate(name, func),
             checked_timeout,
             checked_policy,
             checked_countdown,
-            lease_ms,
-            poll_ms,
-            max_hold_ms,
-            replicas,
-            replica_wait_ms,
+            given,
+            spell,
         )
 
-    def lock_options(self) -> dict[str, int | None]:
-        """The per-task overrides of the app's lock settings, as keyword arguments
-        of ``lock_for`` and ``LockConfig.from_app`` (None: use the app's)."""
-        return {
-            "lease_ms": self.lease_ms,
-            "poll_ms": self.poll_ms,
-            "max_hold_ms": self.max_hold_ms,
-            "replicas": self.replicas,
-            "replica_wait_ms": self.replica_wait_ms,
-        }
+    def config(self, app: Celery, name: str) -> LockConfig:
+        """The app's lock settings with this task's options, for the lock ``name``.
+
+        Raises:
+            LockUsageError, ValueError: as ``LockConfig.from_app``.
+        """
+        return LockConfig.from_app(app, name, spell=self.spell, **self.options)
 
     def lock(self, task: Task[Any, Any], name: str) -> SyncFifoLock:
         """The lock named ``name`` for one execution of ``task``.
@@ -204,7 +181,7 @@ class LockSpec:
             ValueError: the name or a lock setting is invalid (or ``replicas``
                 is above 0 on a Redis Cluster).
         """
-        return lock_for(task.app, name, **self.lock_options())
+        return self.config(task.app, name).lock(name, self.name.template)
 
 
 def _running_task(args: tuple[Any, ...], spec: LockSpec) -> Task[Any, Any]:
@@ -268,11 +245,7 @@ def fifo_locked(
     *,
     policy: Literal["wait", "retry"] = ...,
     countdown: float = ...,
-    lease_ms: int | None = ...,
-    poll_ms: int | None = ...,
-    max_hold_ms: int | None = ...,
-    replicas: int | None = ...,
-    replica_wait_ms: int | None = ...,
+    **options: Unpack[LockOptions],
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -283,11 +256,7 @@ def fifo_locked(
     *,
     policy: Policy,
     countdown: float = ...,
-    lease_ms: int | None = ...,
-    poll_ms: int | None = ...,
-    max_hold_ms: int | None = ...,
-    replicas: int | None = ...,
-    replica_wait_ms: int | None = ...,
+    **options: Unpack[LockOptions],
 ) -> Callable[[Callable[P, R]], Callable[P, R | str]]: ...
 
 
@@ -297,11 +266,7 @@ def fifo_locked(
     *,
     policy: Policy = "wait",
     countdown: float = DEFAULT_COUNTDOWN_S,
-    lease_ms: int | None = None,
-    poll_ms: int | None = None,
-    max_hold_ms: int | None = None,
-    replicas: int | None = None,
-    replica_wait_ms: int | None = None,
+    **options: Unpack[LockOptions],
 ) -> Callable[[Callable[P, R]], Callable[P, R]] | Callable[[Callable[P, R]], Callable[P, R | str]]:
     """Decorate a Celery task function so that its body runs holding a FIFO lock.
 
@@ -349,7 +314,8 @@ def fifo_locked(
             ``policy``, a bad ``timeout`` or ``countdown``, ``timeout=None``
             with ``retry`` or ``skip``, a timing option that is not a positive
             int, or ``replicas`` that is not an int of 0 or more.
-        TypeError: applied on top of ``@app.task`` or to an ``async def``.
+        TypeError: applied on top of ``@app.task`` or to an ``async def``, or
+            an option that is not a lock option.
 
     The task then raises (at run time), besides what the body raises:
         LockTimeout: ``timeout`` ran out under the ``wait`` policy (or under
@@ -382,22 +348,11 @@ def fifo_locked(
                 "Celery runs task bodies synchronously"
             )
         spec = LockSpec.build(
-            name,
-            func,
-            timeout=timeout,
-            policy=policy,
-            countdown=countdown,
-            lease_ms=lease_ms,
-            poll_ms=poll_ms,
-            max_hold_ms=max_hold_ms,
-            replicas=replicas,
-            replica_wait_ms=replica_wait_ms,
+            name, func, timeout=timeout, policy=policy, countdown=countdown, **options
         )
         return locked_function(func, spec)
 
     # Checked before any function is seen, so a bad option fails at the
     # decorator's own line.
-    check_options(
-        timeout, policy, countdown, lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms
-    )
+    check_options(timeout, policy, countdown, options)
     return decorate

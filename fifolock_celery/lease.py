@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from redis_fifo_lock import Lease, LockUsageError, SyncFifoLock
+from redis_fifo_lock import Lease, LockUsageError, SyncFifoLock, metrics
 
 _held: ContextVar[tuple[Lease, ...]] = ContextVar("fifolock_celery_held", default=())
 
@@ -80,7 +80,8 @@ def published(lock: SyncFifoLock, lease: Lease) -> Iterator[Lease]:
     """
     token = _held.set((*_held.get(), lease))
     try:
-        yield lease
+        with metrics.current(lease):  # the task body's spans are the hold's children
+            yield lease
     finally:
         _held.reset(token)
         lock.release(lease)

@@ -5,7 +5,13 @@ configuration lives. Under Django with ``namespace="CELERY"`` each is spelled in
 capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
 
 ================================  ==================================================
-``fifo_lock_redis_url``           Redis URL of the locks (str). Default: the broker
+``fifo_lock_django_cache``        Under Django: the alias (str) of the cache whose
+                                  locks the tasks share; False: ignore Django.
+                                  Default ``FIFOLOCK['CACHE']`` when the project
+                                  uses ``fifolock_django`` (see
+                                  ``fifolock_celery.under_django``).
+``fifo_lock_redis_url``           Redis URL of the locks (str). Default: under
+                                  Django the cache's server, else the broker
                                   URL when that is ``redis://``, ``rediss://`` or
                                   ``sentinel://`` (one or several).
 ``fifo_lock_transport_options``   Dict: ``master_name`` and ``sentinel_kwargs``
@@ -15,10 +21,9 @@ capitals with the prefix, e.g. ``CELERY_FIFO_LOCK_REDIS_URL``.
                                   ``broker_transport_options`` when the URL is the
                                   broker's, else none. With the broker's URL,
                                   ``broker_use_ssl`` applies too.
-``fifo_lock_namespace``           Put in front of every lock key (str), e.g. a
-                                  Django cache's ``KEY_PREFIX`` to share its
-                                  locks (``fifolock_django.lock_namespace()``).
-                                  Default "": none.
+``fifo_lock_namespace``           Put in front of every lock key (str). Default:
+                                  under Django the cache's ``KEY_PREFIX``, else
+                                  "": none.
 ``fifo_lock_lease_ms``            Default ``lease_ms`` (int, ms). Default 60_000.
 ``fifo_lock_poll_ms``             Default ``poll_ms`` (int, ms). Default 30_000.
 ``fifo_lock_max_hold_ms``         Default ``max_hold_ms`` (int, ms). Default 1_800_000.
@@ -39,25 +44,32 @@ on a ``FifoLockedTask``) overrides the app's value for that task.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from kombu.utils.url import maybe_sanitize_url
 
-from redis_fifo_lock import LockSettings, LockUsageError
-from redis_fifo_lock.settings import check_namespace
+from redis_fifo_lock import LockOptions, LockServer, LockSettings, LockUsageError, SyncFifoLock
+from redis_fifo_lock.connection import masked_url
+from redis_fifo_lock.settings import LOCK_OPTIONS, Spelling, check_namespace
 
-from .server import LockServer, ServerError
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+from .server import ServerError, lock_server
+from .under_django import DjangoLocks, django_locks, mismatch
 
 REDIS_URL_SETTING = "fifo_lock_redis_url"
-"""App setting (str): Redis URL of the locks; default: a Redis ``broker_url``."""
+"""App setting (str): Redis URL of the locks; default: under Django the server of the
+cache ``FIFOLOCK`` names (see ``fifolock_celery.under_django``), else a Redis
+``broker_url``."""
 TRANSPORT_OPTIONS_SETTING = "fifo_lock_transport_options"
 """App setting (dict): ``master_name``, ``sentinel_kwargs``, ``cluster`` and ``ssl_*``
 options of the lock server; default: ``broker_transport_options`` when the locks use
 the broker's URL."""
 NAMESPACE_SETTING = "fifo_lock_namespace"
 """App setting (str): namespace in front of every lock key (see
-``redis_fifo_lock.FifoLock``); default "": none."""
+``redis_fifo_lock.FifoLock``); default: under Django the ``KEY_PREFIX`` of the cache
+``FIFOLOCK`` names, else "": none."""
 LEASE_MS_SETTING = "fifo_lock_lease_ms"
 """App setting (int, ms): default ``lease_ms`` of every task lock; default 60_000."""
 POLL_MS_SETTING = "fifo_lock_poll_ms"
@@ -74,62 +86,12 @@ REDIS_SCHEMES = ("redis://", "rediss://", "sentinel://")
 """URL schemes accepted from ``broker_url`` as the default lock server (several
 ``sentinel://`` URLs separated by ``;`` too)."""
 
-_DEFAULTS = LockSettings()
-_LOCK_SETTINGS = {
-    "lease_ms": LEASE_MS_SETTING,
-    "poll_ms": POLL_MS_SETTING,
-    "max_hold_ms": MAX_HOLD_MS_SETTING,
-    "replicas": REPLICAS_SETTING,
-    "replica_wait_ms": REPLICA_WAIT_MS_SETTING,
-}
+SETTING_OF = {option: f"fifo_lock_{option}" for option in LOCK_OPTIONS}
+"""The app setting of each lock option (``lease_ms`` -> ``fifo_lock_lease_ms``)."""
 
 
-def check_ms(setting: str, value: object) -> int:
-    """Return ``value`` if it is a positive whole number of milliseconds.
-
-    Args:
-        setting: the name to put in the error message (str).
-        value: the value to check.
-
-    Raises:
-        ValueError: naming ``setting``, for anything but a positive ``int``
-            (``bool``, ``float`` and numeric strings are refused).
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"{setting} must be a positive whole number of milliseconds (int), "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    return value
-
-
-def check_count(setting: str, value: object) -> int:
-    """Return ``value`` if it is a whole number of 0 or more.
-
-    Args:
-        setting: the name to put in the error message (str).
-        value: the value to check.
-
-    Raises:
-        ValueError: naming ``setting``, for anything but an ``int`` >= 0
-            (``bool``, ``float`` and numeric strings are refused).
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"{setting} must be a whole number of 0 or more (int), "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    return value
-
-
-def check_lock_option(option: str, setting: str, value: object) -> int:
-    """Check ``value`` for the lock option ``option`` (a ``LockSettings`` field:
-    ``replicas`` takes ``check_count``, the others ``check_ms``).
-
-    Raises:
-        ValueError: naming ``setting`` (how the user spelled it), as those do.
-    """
-    return check_count(setting, value) if option == "replicas" else check_ms(setting, value)
+def _app_setting(option: str) -> str:
+    return SETTING_OF[option]
 
 
 @dataclass(frozen=True)
@@ -137,12 +99,16 @@ class LockConfig:
     """Where and how a Celery task locks: the app's settings plus overrides.
 
     Attributes:
-        server: where the locks live (``fifolock_celery.server.LockServer``:
-            one server, a Sentinel master or a Redis Cluster).
+        server: where the locks live (``redis_fifo_lock.LockServer``: one
+            server, a Sentinel master or a Redis Cluster).
         settings: the lock settings (``redis_fifo_lock.LockSettings``: lease_ms,
             poll_ms, max_hold_ms, replica_wait_ms in int milliseconds, and
             replicas).
-        namespace: the ``fifo_lock_namespace`` (str; "" for none).
+        namespace: the ``fifo_lock_namespace`` (str; "" for none), under
+            Django by default the cache's ``KEY_PREFIX``.
+        django: under Django, the cache whose locks the tasks share
+            (``fifolock_celery.under_django.DjangoLocks``: lock names become its
+            cache keys); None when Django is not used.
 
     Build it with ``LockConfig.from_app``.
     """
@@ -150,6 +116,7 @@ class LockConfig:
     server: LockServer
     settings: LockSettings
     namespace: str = ""
+    django: DjangoLocks | None = None
 
     @classmethod
     def from_app(
@@ -157,73 +124,118 @@ class LockConfig:
         app: Celery,
         lock_name: str,
         *,
-        lease_ms: int | None = None,
-        poll_ms: int | None = None,
-        max_hold_ms: int | None = None,
-        replicas: int | None = None,
-        replica_wait_ms: int | None = None,
+        spell: Spelling = lambda option: f"@fifo_locked({option}=...)",
+        **options: Unpack[LockOptions],
     ) -> LockConfig:
-        """Read ``app.conf`` and apply the per-task overrides (None: use the app's).
+        """Read ``app.conf`` and apply a task's lock options.
 
         Args:
             app: the Celery app whose ``fifo_lock_*`` settings apply.
             lock_name: the lock about to be used (str), named in errors.
-            lease_ms, poll_ms, max_hold_ms, replica_wait_ms: per-task overrides
-                (int ms) or None.
-            replicas: per-task override (int) or None.
+            spell: how the task spells an option, for messages (default
+                ``@fifo_locked(lease_ms=...)``).
+            **options: the task's lock options (``redis_fifo_lock.LockOptions``:
+                ``lease_ms``, ``poll_ms``...), overriding the app's settings;
+                None or absent: the app's value.
+
+        Under Django (see ``fifolock_celery.under_django``) the server and the
+        namespace are by default the cache's that ``FIFOLOCK`` names.
 
         Raises:
             LockUsageError: no Redis URL (``fifo_lock_redis_url`` is unset and
-                the broker is not Redis), or the URL and transport options do
-                not make a lock server (see ``server_of``). The message names
-                the setting.
-            ValueError: naming the setting, for a value that is not a positive
-                int (``replicas``: an int of 0 or more), a combination
-                ``LockSettings`` refuses, ``replicas`` above 0 with a Redis
-                Cluster server (which cannot wait for replicas), or a
-                ``fifo_lock_namespace`` the lock refuses.
+                the broker is not Redis), the URL and transport options do
+                not make a lock server (see ``server_of``), or under Django the
+                cache cannot make locks. The message names the setting.
+            ValueError: naming the lock and each setting or option as the user
+                spelled it, for a value or a combination ``LockSettings``
+                refuses, ``replicas`` above 0 on a Redis Cluster lock server,
+                or a ``fifo_lock_namespace`` the lock refuses.
+            TypeError: an option that is not a lock option.
         """
-        overrides = {
-            "lease_ms": lease_ms,
-            "poll_ms": poll_ms,
-            "max_hold_ms": max_hold_ms,
-            "replicas": replicas,
-            "replica_wait_ms": replica_wait_ms,
-        }
-        chosen: dict[str, Any] = {}
-        spelled: dict[str, str] = {}
-        for option, setting in _LOCK_SETTINGS.items():
-            value: Any = overrides[option]
-            spelled[option] = f"@fifo_locked({option}=...)" if value is not None else setting
-            if value is None:
-                value = app.conf.get(setting)
-            chosen[option] = (
-                getattr(_DEFAULTS, option)
-                if value is None
-                else check_lock_option(option, spelled[option], value)
-            )
+        django = django_locks(app, lock_name)
+        explicit_url = app.conf.get(REDIS_URL_SETTING) is not None
+        server = server_of(app, lock_name) if django is None or explicit_url else django.server
+        configured = {option: app.conf.get(setting) for option, setting in SETTING_OF.items()}
+        cluster = server.describe() if server.topology == "cluster" else None
         try:
-            settings = LockSettings(**chosen)
-        except ValueError as exc:
-            raise ValueError(
-                f"FIFO lock {lock_name!r}: {exc} (from the app's fifo_lock_* settings "
-                "and the @fifo_locked options)"
-            ) from None
-        server = server_of(app, lock_name)
-        if settings.replicas and server.cluster:
-            # The core would refuse it only at the first acquire (LoopClients
-            # hides the cluster client until then): refuse it here, by name.
-            raise ValueError(
-                f"FIFO lock {lock_name!r}: {spelled['replicas']} is {settings.replicas}, but "
-                f"the locks are on a Redis Cluster ({server.describe()}), where a lock cannot "
-                "wait for replicas (WAIT cannot follow the lock's script on its connection "
-                "there); set it to 0"
+            settings = LockSettings().merged(
+                (configured, _app_setting),
+                (options, spell),
+                base_spell=_app_setting,
+                cluster=cluster,
             )
-        try:
-            namespace = check_namespace(app.conf.get(NAMESPACE_SETTING) or "")
         except ValueError as exc:
-            raise ValueError(f"FIFO lock {lock_name!r}: {NAMESPACE_SETTING}: {exc}") from None
-        return cls(server=server, settings=settings, namespace=namespace)
+            raise ValueError(f"FIFO lock {lock_name!r}: {exc}") from None
+        given_namespace = app.conf.get(NAMESPACE_SETTING)
+        if django is not None and given_namespace is None:
+            namespace = django.namespace
+        else:
+            try:
+                namespace = check_namespace(given_namespace or "")
+            except ValueError as exc:
+                raise ValueError(f"FIFO lock {lock_name!r}: {NAMESPACE_SETTING}: {exc}") from None
+        return cls(server=server, settings=settings, namespace=namespace, django=django)
+
+    def lock(self, name: str, name_template: str | None = None) -> SyncFifoLock:
+        """The ``SyncFifoLock`` named ``name`` with these settings, on this
+        process's clients of ``server``; under Django its Redis name is the
+        cache key of ``name``, as for ``cache.fifo_lock(name)``.
+        ``name_template`` (str, default None: ``"(untemplated)"``) is the
+        template ``name`` was filled in from, recorded in place of the name with
+        the lock's OpenTelemetry metrics and spans (integration ``celery``).
+
+        Raises:
+            ValueError: a bad lock name.
+            django.core.exceptions.ImproperlyConfigured: under Django, the
+                cache's key function makes an invalid lock name of ``name``.
+        """
+        redis_name = name if self.django is None else self.django.name(name)
+        return SyncFifoLock(
+            self.server.clients(),
+            redis_name,
+            settings=self.settings,
+            namespace=self.namespace,
+            name_template=name_template,
+            integration="celery",
+        )
+
+    def django_mismatch(self) -> str | None:
+        """Under Django, why these locks are not the cache's locks of the same
+        names (naming the settings); None when they are, or without Django."""
+        if self.django is None:
+            return None
+        return mismatch(self.server, self.namespace, self.django)
+
+
+def lock_for(
+    app: Celery, name: str, name_template: str | None = None, **options: Unpack[LockOptions]
+) -> SyncFifoLock:
+    """A ``SyncFifoLock`` named ``name`` configured by ``app``'s ``fifo_lock_*`` settings.
+
+    For locking by hand inside a task; ``@fifo_locked`` builds its locks the
+    same way (``LockConfig.from_app(...).lock(name)``).
+
+    Args:
+        app: the Celery app whose settings apply.
+        name: the lock name (str), see ``redis_fifo_lock.FifoLock``.
+        **options: overrides of the app's ``fifo_lock_*`` settings:
+            ``lease_ms``, ``poll_ms``, ``max_hold_ms``, ``replica_wait_ms``
+            (int milliseconds) and ``replicas`` (int); None (default) keeps the
+            app's value.
+        name_template: the template ``name`` was filled in from (str), recorded
+            with the lock's OpenTelemetry metrics and spans
+            (``redis_fifo_lock.metrics``, integration ``celery``) in place of
+            the name; default None: ``"(untemplated)"``. ``@fifo_locked``
+            passes its name template.
+
+    Raises:
+        LockUsageError: no Redis URL configured (see ``LockConfig.from_app``).
+        ValueError: a bad lock name, setting or ``name_template``, naming it,
+            or ``replicas`` above 0 on a Redis Cluster.
+        TypeError: an option that is not a lock option.
+    """
+    config = LockConfig.from_app(app, name, spell=lambda option: f"{option}=...", **options)
+    return config.lock(name, name_template)
 
 
 def _redis_broker(broker: object) -> bool:
@@ -239,9 +251,9 @@ def _shown_broker(broker: object) -> str:
     """``broker_url`` for a message, passwords masked: one URL, a failover list of
     URLs, or the type of anything else."""
     if isinstance(broker, str):
-        return repr(maybe_sanitize_url(broker))
+        return repr(masked_url(broker))
     if isinstance(broker, (list, tuple)):
-        return repr([maybe_sanitize_url(url) if isinstance(url, str) else "?" for url in broker])
+        return repr([masked_url(url) if isinstance(url, str) else "?" for url in broker])
     return type(broker).__name__
 
 
@@ -295,7 +307,7 @@ def server_of(app: Celery, lock_name: str) -> LockServer:
                 f"(or {TRANSPORT_OPTIONS_SETTING})"
             )
     try:
-        return LockServer.parse(url, options, use_ssl)
+        return lock_server(url, options, use_ssl)
     except ServerError as exc:
         raise LockUsageError(
             lock_name,

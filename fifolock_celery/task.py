@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task
 
+from redis_fifo_lock.settings import LOCK_OPTIONS
+
 from .decorator import UNSET, LockSpec, Unset, locked_function
 from .policies import DEFAULT_COUNTDOWN_S, Policy
 
@@ -127,12 +129,8 @@ class FifoLockedTask(_Task):
                 timeout=cls.fifo_lock_timeout,
                 policy=cls.fifo_lock_policy,
                 countdown=cls.fifo_lock_countdown,
-                lease_ms=cls.fifo_lock_lease_ms,
-                poll_ms=cls.fifo_lock_poll_ms,
-                max_hold_ms=cls.fifo_lock_max_hold_ms,
-                replicas=cls.fifo_lock_replicas,
-                replica_wait_ms=cls.fifo_lock_replica_wait_ms,
                 spell=lambda option: f"fifo_lock_{option}",
+                **{option: getattr(cls, f"fifo_lock_{option}") for option in LOCK_OPTIONS},
             )
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None

@@ -1,15 +1,15 @@
-"""What ``fifolock_celery`` does in a worker besides locking: checks and fork hygiene.
+"""What ``fifolock_celery`` does in a worker besides locking: its start checks.
 
-Both receivers are connected when ``fifolock_celery`` is imported, which every
+The receiver is connected when ``fifolock_celery`` is imported, which every
 module defining a locked task does, and a worker imports its task modules
 before it starts. Nothing needs installing.
 
 - ``celeryd_after_setup`` (the worker's main process, once its logging is set
   up): ``start_warnings(app)`` is logged, one WARNING per problem, on the
   ``fifolock_celery`` logger.
-- ``worker_process_init`` (each prefork child): the child drops the
-  ``LoopClients`` registry it inherited, so its clients are built in the child
-  (an ``os.register_at_fork`` hook does the same for every fork).
+
+A prefork child never uses its parent's connections: the core's
+``LoopClients`` key their clients by process id.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery, Task
-from celery.signals import celeryd_after_setup, worker_process_init
+from celery.signals import celeryd_after_setup
 
 from redis_fifo_lock import LockUsageError
 
-from .clients import forget_all
 from .decorator import LockSpec
-from .settings import LockConfig
 
 log = logging.getLogger("fifolock_celery")
 
@@ -83,7 +81,11 @@ def start_warnings(app: Celery) -> list[str]:
       shorter than its ``time_limit``: a task still waiting or running then is
       delivered again, and the copy queues for the lock;
     - its ``retry`` policy's ``countdown`` exceeds the Redis
-      ``visibility_timeout``: the republished message is delivered twice.
+      ``visibility_timeout``: the republished message is delivered twice;
+
+    and once for the app, under Django: its locks are not the cache's locks of
+    the same names (``fifo_lock_redis_url`` or ``fifo_lock_namespace`` says
+    another server, database or namespace; see ``fifolock_celery.under_django``).
 
     A task without a ``time_limit`` (its own or ``task_time_limit``) is not
     compared; per-call limits (``apply_async(time_limit=...)``) cannot be seen.
@@ -96,16 +98,20 @@ def start_warnings(app: Celery) -> list[str]:
         change; empty when all is well.
     """
     messages = []
+    apart: dict[str, None] = {}  # the Django mismatch, once (the settings are the app's)
     visibility_s = _visibility_timeout(app)
     for name, task in sorted(app.tasks.items()):
         spec = spec_of(task)
         if spec is None:
             continue
         try:
-            config = LockConfig.from_app(app, spec.name.template, **spec.lock_options())
+            config = spec.config(app, spec.name.template)
         except (LockUsageError, ValueError) as exc:
             messages.append(f"task {name}: every execution will fail: {exc}")
             continue
+        different = config.django_mismatch()
+        if different is not None:
+            apart[f"the app's FIFO locks are not the Django cache's: {different}"] = None
         if spec.policy == "retry" and visibility_s is not None and spec.countdown > visibility_s:
             messages.append(
                 f"task {name}: its retry countdown of {spec.countdown:g} s exceeds the Redis "
@@ -133,7 +139,7 @@ def start_warnings(app: Celery) -> list[str]:
                 "again, and the copy runs once the first is done. Raise "
                 "broker_transport_options['visibility_timeout'] above the time limit"
             )
-    return messages
+    return [*apart, *messages]
 
 
 @celeryd_after_setup.connect(weak=False, dispatch_uid="fifolock_celery.warn_at_start")
@@ -142,9 +148,3 @@ def warn_at_worker_start(sender: object, instance: Any, **_: Any) -> None:
     app: Celery = instance.app
     for message in start_warnings(app):
         log.warning("%s", message, extra={"worker": sender})
-
-
-@worker_process_init.connect(weak=False, dispatch_uid="fifolock_celery.forget_clients")
-def forget_inherited_clients(**_: Any) -> None:
-    """Drop the clients inherited from the parent (receiver of ``worker_process_init``)."""
-    forget_all()

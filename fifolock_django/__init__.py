@@ -7,7 +7,8 @@
   ``fifolock_django.builtin.RedisCache`` (Django's own Redis backend).
 - ``fifolock_django.lock_name(name, cache=None)`` and ``lock_namespace(cache=None)``:
   the Redis name and namespace (the ``KEY_PREFIX``, in front of every lock key)
-  of that lock, for code that takes it through the core or ``fifolock_celery``.
+  of that lock, for code that takes it through the core (``fifolock_celery``
+  tasks take it by the plain name).
 - ``fifolock_django.commands.fifo_locked_command``: serve the runs of a
   management command one after another, in arrival order.
 - ``manage.py fifolock status NAME`` and ``manage.py fifolock run NAME --

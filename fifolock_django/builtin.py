@@ -34,7 +34,9 @@ from typing import Any
 from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
-from .connection import LockConnection, check_location, lock_kwargs
+from redis_fifo_lock import LockServer
+
+from .connection import check_location, configured_server, lock_kwargs
 from .lock import FifoLockMixin
 
 SYNC_ONLY_OPTIONS = frozenset(
@@ -58,9 +60,9 @@ def _class_name(value: object) -> str:
     return getattr(value, "__qualname__", type(value).__qualname__)
 
 
-def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockConnection:
+def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockServer:
     """Translate a built-in Redis cache's ``LOCATION`` and ``OPTIONS`` into the
-    ``LockConnection`` of one server.
+    ``LockServer`` of one server.
 
     Args:
         location: the cache's ``LOCATION``: a URL, several separated by ``,``
@@ -76,8 +78,8 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
         ``connection_class`` that is an ``SSLConnection``.
 
     Raises:
-        ImproperlyConfigured: for TLS options the lock cannot follow (see
-            ``fifolock_django.connection.lock_kwargs``), an empty ``LOCATION``, a Sentinel
+        ImproperlyConfigured: for options the core's ``LockServer`` refuses
+            (TLS options it cannot follow...), an empty ``LOCATION``, a Sentinel
             ``pool_class`` or a ``FIFOLOCK_CLUSTER`` option: Django's backend
             supports neither Sentinel nor Redis Cluster (the message names
             the django-redis backend, which does).
@@ -101,7 +103,8 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
             "'fifolock_django.cache.RedisCache' (django-redis) with OPTIONS "
             "{'FIFOLOCK_CLUSTER': True}"
         )
-    return LockConnection.server(url, **lock_kwargs(url, options, "OPTIONS", SYNC_ONLY_OPTIONS))
+    kwargs = lock_kwargs(options, "OPTIONS", SYNC_ONLY_OPTIONS)
+    return configured_server(LockServer.server, url, **kwargs)
 
 
 class RedisCache(FifoLockMixin, BuiltinRedisCache):
@@ -123,7 +126,7 @@ class RedisCache(FifoLockMixin, BuiltinRedisCache):
         self.fifo_lock_location = server
         self.fifo_lock_options: dict[str, Any] = params.get("OPTIONS", {})
 
-    def fifo_lock_connection(self) -> LockConnection:
+    def fifo_lock_connection(self) -> LockServer:
         """Where the locks connect (one server), from ``LOCATION`` and ``OPTIONS``.
 
         Raises:

@@ -41,7 +41,6 @@ discover the cluster from. See ``connection_settings``.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,11 +49,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 from django_redis.cache import RedisCache as DjangoRedisCache  # type: ignore[import-untyped]
 from django_redis.pool import SentinelConnectionFactory  # type: ignore[import-untyped]
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.cluster import RedisCluster
 
-from .connection import LockConnection, check_location, lock_kwargs, node_address, shown_url
+from redis_fifo_lock import LockServer
+from redis_fifo_lock.connection import masked_url
+
+from .connection import check_location, configured_server, lock_kwargs
 from .lock import FifoLockMixin
 
 SYNC_ONLY_POOL_KWARGS = frozenset(
@@ -75,7 +76,6 @@ DEFAULT_FACTORY = "django_redis.pool.ConnectionFactory"
 nor ``DJANGO_REDIS_CONNECTION_FACTORY`` names one."""
 
 _SENTINEL_HINTS = ("SENTINELS", "CLIENT_CLASS", "CONNECTION_POOL_CLASS")
-_CLUSTER_KWARGS = frozenset(inspect.signature(AsyncRedisCluster.__init__).parameters) - {"self"}
 
 
 def _imported(option: str, value: object) -> object:
@@ -145,17 +145,15 @@ def _uses_cluster(options: dict[str, Any]) -> bool:
     return flag
 
 
-def _base_kwargs(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The connection kwargs that ``OPTIONS`` gives every topology (``url``: the
-    first ``LOCATION``), with ``ssl=True`` when the pool's ``connection_class``
-    speaks TLS.
+def _base_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """The connection kwargs that ``OPTIONS`` gives every topology, with
+    ``ssl=True`` when the pool's ``connection_class`` speaks TLS.
 
     Raises:
-        ImproperlyConfigured: TLS options the lock cannot follow (see
+        ImproperlyConfigured: a ``connection_class`` that is no class (see
             ``fifolock_django.connection.lock_kwargs``).
     """
     kwargs = lock_kwargs(
-        url,
         options.get("CONNECTION_POOL_KWARGS", {}),
         "OPTIONS['CONNECTION_POOL_KWARGS']",
         SYNC_ONLY_POOL_KWARGS,
@@ -180,12 +178,12 @@ def _url_kwargs(url: str) -> dict[str, Any]:
     """
     if urlsplit(url).scheme not in ("redis", "rediss"):
         raise ImproperlyConfigured(
-            f"LOCATION {shown_url(url)!r} must be a redis:// or rediss:// URL here"
+            f"LOCATION {masked_url(url)!r} must be a redis:// or rediss:// URL here"
         )
     try:
         kwargs: dict[str, Any] = dict(parse_url(url))
     except ValueError as exc:
-        raise ImproperlyConfigured(f"LOCATION {shown_url(url)!r}: {exc}") from exc
+        raise ImproperlyConfigured(f"LOCATION {masked_url(url)!r}: {exc}") from exc
     kwargs.pop("host", None)
     kwargs.pop("port", None)
     if kwargs.pop("connection_class", None) is SSLConnection:
@@ -193,9 +191,7 @@ def _url_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
-def _sentinel_connection(
-    url: str, options: dict[str, Any], kwargs: dict[str, Any]
-) -> LockConnection:
+def _sentinel_connection(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -> LockServer:
     """The master of the service named by ``url``'s host, as django-redis's
     ``SentinelConnectionFactory`` finds it (the URL's own values win)."""
     sentinels: Any = options.get("SENTINELS")
@@ -218,17 +214,18 @@ def _sentinel_connection(
     service_name = urlsplit(url).hostname
     if not service_name:
         raise ImproperlyConfigured(
-            f"LOCATION {shown_url(url)!r} must name the Sentinel service as its host "
+            f"LOCATION {masked_url(url)!r} must name the Sentinel service as its host "
             "(redis://<service name>/<db>)"
         )
     from_url = _url_kwargs(url)
     is_master = str(from_url.pop("is_master", "1")).lower()
     if is_master in ("0", "false", "no", "f", "n"):
         raise ImproperlyConfigured(
-            f"LOCATION {shown_url(url)!r} asks for replicas (is_master={is_master}), but "
+            f"LOCATION {masked_url(url)!r} asks for replicas (is_master={is_master}), but "
             "locks are taken on the master: put a master URL first"
         )
-    return LockConnection.sentinel(
+    return configured_server(
+        LockServer.sentinel,
         sentinels,
         service_name,
         sentinel_kwargs=sentinel_kwargs,
@@ -236,30 +233,8 @@ def _sentinel_connection(
     )
 
 
-def _cluster_connection(urls: list[str], kwargs: dict[str, Any]) -> LockConnection:
-    """A cluster reached through the nodes of ``urls`` (database 0 only)."""
-    for url in urls:
-        db = _url_kwargs(url).get("db", 0)
-        try:
-            node_address(url)
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"LOCATION of a Redis Cluster: {exc}") from exc
-        if db:
-            raise ImproperlyConfigured(
-                f"LOCATION {shown_url(url)!r} names database {db}, but a Redis Cluster has "
-                "database 0 only"
-            )
-    unknown = sorted(set(kwargs) - _CLUSTER_KWARGS)
-    if unknown or kwargs.get("db"):
-        raise ImproperlyConfigured(
-            f"Redis Cluster clients do not take the connection option(s) "
-            f"{unknown or ['db']}; remove them from OPTIONS['CONNECTION_POOL_KWARGS']"
-        )
-    return LockConnection.cluster(urls, **kwargs)
-
-
-def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockConnection:
-    """Translate a django-redis ``LOCATION`` and ``OPTIONS`` into a ``LockConnection``.
+def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockServer:
+    """Translate a django-redis ``LOCATION`` and ``OPTIONS`` into a ``LockServer``.
 
     Args:
         location: the cache's ``LOCATION``: a URL, several comma-separated, or a
@@ -284,15 +259,16 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
         ImproperlyConfigured: naming the setting, for an empty ``LOCATION``; a
             Sentinel set-up without ``SENTINELS``, with a replica URL first,
             or asked for by ``OPTIONS`` without the Sentinel factory (which
-            django-redis cannot use either); a cluster URL with a database
-            other than 0 or options a cluster client does not take; Sentinel
-            and cluster together.
+            django-redis cannot use either); Sentinel and cluster together; or
+            anything the core's ``LockServer`` refuses (a cluster URL with a
+            database other than 0, options a cluster client does not take, TLS
+            options redis-py cannot follow...), which is the ``__cause__``.
     """
     servers = location.split(",") if isinstance(location, str) else list(location)
     urls = [server.strip() for server in servers if server.strip()]
     if not urls:
         raise ImproperlyConfigured("a cache with fifo_lock() needs a Redis URL in LOCATION")
-    kwargs = _base_kwargs(urls[0], options)
+    kwargs = _base_kwargs(options)
     sentinel = _uses_sentinel(options)
     cluster = _uses_cluster(options)
     if sentinel and cluster:
@@ -303,8 +279,8 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
     if sentinel:
         return _sentinel_connection(urls[0], options, kwargs)
     if cluster:
-        return _cluster_connection(urls, kwargs)
-    return LockConnection.server(urls[0], **kwargs)
+        return configured_server(LockServer.cluster, urls, **kwargs)
+    return configured_server(LockServer.server, urls[0], **kwargs)
 
 
 class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # django-redis is untyped
@@ -327,7 +303,7 @@ class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # djan
         # mypy sees BaseCache's __init__(params) here: django-redis is untyped.
         super().__init__(server, params)  # type: ignore[call-arg, arg-type]
 
-    def fifo_lock_connection(self) -> LockConnection:
+    def fifo_lock_connection(self) -> LockServer:
         """Where the locks connect, from ``LOCATION`` and ``OPTIONS``.
 
         Raises:

@@ -15,6 +15,11 @@ Registered under the ``caches`` tag when ``"fifolock_django"`` is in
 - ``fifolock.E007`` ``FIFOLOCK['REPLICAS']`` is above 0 and a cache with
   ``fifo_lock()`` keeps its locks on a Redis Cluster, which cannot wait for
   replicas.
+- ``fifolock.E008`` the current Celery app (when ``fifolock_celery`` is
+  installed) keeps its FIFO locks on another server, database or namespace
+  than the cache ``FIFOLOCK`` names, so ``@fifo_locked(NAME)`` and
+  ``cache.fifo_lock(NAME)`` would be different locks (see
+  ``fifolock_celery.under_django``).
 
 With ``manage.py check --deploy`` only (they talk to each lock cache's server,
 waiting at most ``SERVER_CHECK_TIMEOUT_S`` seconds for it). The server is the
@@ -41,7 +46,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from redis_fifo_lock import LoopClients
+from redis_fifo_lock import LockUsageError, LoopClients
 from redis_fifo_lock.eviction import EVICTING_POLICIES
 from redis_fifo_lock.eviction import eviction_policies as eviction_policies_of
 from redis_fifo_lock.portal import portal
@@ -157,38 +162,66 @@ def check_lock_caches_make_locks(
 def check_replicas_on_cluster(
     app_configs: Sequence[AppConfig] | None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """``fifolock.E007`` for each cache with ``fifo_lock()`` on a Redis Cluster
-    when ``FIFOLOCK['REPLICAS']`` is above 0 (nothing is sent to Redis)."""
+    """``fifolock.E007`` for each cache with ``fifo_lock()`` that makes locks with
+    ``replicas=0`` but not with ``FIFOLOCK['REPLICAS']`` (the core refuses
+    replicas on a Redis Cluster). Nothing is sent to Redis."""
     try:
-        replicas = fifolock_settings().lock.replicas
+        fifolock_settings()
     except ImproperlyConfigured:
         return []  # reported as fifolock.E003
-    if not replicas:
-        return []
     errors: list[CheckMessage] = []
     for alias, cache in _lock_caches():
-        if not isinstance(cache, FifoLockMixin):
-            continue
         try:
-            connection = cache.fifo_lock_connection()
+            cache.fifo_lock(CHECK_LOCK, replicas=0)
         except ImproperlyConfigured:
             continue  # reported as fifolock.E004
-        if connection.topology != "cluster":
-            continue
-        errors.append(
-            Error(
-                f"{SETTING}['REPLICAS'] is {replicas}, but cache {alias!r} keeps its FIFO "
-                f"locks on a Redis Cluster ({connection.describe()}), where a lock cannot "
-                "wait for replicas: its fifo_lock() raises ImproperlyConfigured unless "
-                "given replicas=0.",
-                hint=(
-                    f"Set {SETTING}['REPLICAS'] to 0, or pass replicas=0 to every "
-                    f"fifo_lock() on cache {alias!r}."
-                ),
-                id="fifolock.E007",
+        try:
+            cache.fifo_lock(CHECK_LOCK)
+        except ImproperlyConfigured as exc:
+            errors.append(
+                Error(
+                    f"Cache {alias!r} cannot make FIFO locks with {SETTING}['REPLICAS']: {exc}.",
+                    hint=(
+                        f"Set {SETTING}['REPLICAS'] to 0, or pass replicas=0 to every "
+                        f"fifo_lock() on cache {alias!r}."
+                    ),
+                    id="fifolock.E007",
+                )
             )
-        )
     return errors
+
+
+@register(Tags.caches)
+def check_celery_shares_the_locks(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``fifolock.E008`` when the current Celery app's FIFO locks are not the
+    cache's locks of the same names (nothing is sent to Redis). Silent without
+    Celery, and when the app's lock settings are invalid (the worker's start
+    warnings say why)."""
+    try:
+        from celery import current_app
+
+        from fifolock_celery import LockConfig
+    except ImportError:
+        return []
+    try:
+        different = LockConfig.from_app(current_app, CHECK_LOCK).django_mismatch()
+    except (LockUsageError, ValueError, ImproperlyConfigured):
+        return []
+    if different is None:
+        return []
+    return [
+        Error(
+            f"The Celery app {current_app.main!r} does not share the FIFO locks of Django's "
+            f"cache: {different}.",
+            hint=(
+                "Let Celery take the locks' server and namespace from the cache: remove "
+                "CELERY_FIFO_LOCK_REDIS_URL and CELERY_FIFO_LOCK_NAMESPACE."
+            ),
+            id="fifolock.E008",
+        )
+    ]
 
 
 def eviction_policies(clients: LoopClients, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> set[str]:

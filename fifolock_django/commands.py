@@ -47,6 +47,8 @@ def fifo_locked_command(
 
     While ``handle`` runs, the command's ``fifo_lease`` attribute is the
     ``Lease`` (``.fence`` is the fencing token to hand to what you protect).
+    ``name``, fixed in the code, is also the lock's ``name_template`` in its
+    OpenTelemetry metrics (``redis_fifo_lock.metrics``).
 
     Raises:
         ValueError: at decoration, for a bad ``name`` or ``timeout``.
@@ -139,7 +141,7 @@ class LockedHandle:
 
     def __call__(self, command: BaseCommand, *args: Any, **options: Any) -> Any:
         timeout = lock_timeout_option(options, self.timeout)
-        lock = lock_cache(self.cache).fifo_lock(self.name, timeout)
+        lock = lock_cache(self.cache).fifo_lock(self.name, timeout, name_template=self.name)
         with ExitStack() as stack:
             try:
                 lease = stack.enter_context(lock)

@@ -22,7 +22,6 @@ replicas, and cannot be used with a Redis Cluster cache.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from redis_fifo_lock import LockSettings
+from redis_fifo_lock.settings import LOCK_OPTIONS
 
 SETTING = "FIFOLOCK"
 """Name of the Django setting (a dict) read by this module."""
@@ -44,14 +44,11 @@ DEFAULTS: dict[str, Any] = {
 }
 """Value of each ``FIFOLOCK`` key when the project does not set it."""
 
-_LOCK_KEYS = {
-    "lease_ms": "LEASE_MS",
-    "poll_ms": "POLL_MS",
-    "max_hold_ms": "MAX_HOLD_MS",
-    "replicas": "REPLICAS",
-    "replica_wait_ms": "REPLICA_WAIT_MS",
-}
-"""The ``FIFOLOCK`` key of each ``LockSettings`` field (and ``fifo_lock()`` option)."""
+
+def setting_name(option: str) -> str:
+    """How the project spells a lock option (``LockSettings`` field) in its
+    settings: ``lease_ms`` -> ``FIFOLOCK['LEASE_MS']``."""
+    return f"{SETTING}[{option.upper()!r}]"
 
 
 @dataclass(frozen=True)
@@ -102,13 +99,8 @@ def fifolock_settings() -> FifoLockConfig:
             f"{SETTING}['CACHE'] must be the alias (str) of a cache in CACHES, got {cache!r}"
         )
     try:
-        lock = LockSettings(**{field: values[key] for field, key in _LOCK_KEYS.items()})
+        configured = {option: values[option.upper()] for option in LOCK_OPTIONS}
+        lock = LockSettings().merged((configured, setting_name))
     except ValueError as exc:
-        raise ImproperlyConfigured(_setting_names(str(exc))) from exc
+        raise ImproperlyConfigured(str(exc)) from exc
     return FifoLockConfig(cache=cache, lock=lock)
-
-
-def _setting_names(message: str) -> str:
-    """Rewrite the core's argument names (``poll_ms``) as settings (``FIFOLOCK['POLL_MS']``)."""
-    pattern = r"\b(" + "|".join(_LOCK_KEYS) + r")\b"
-    return re.sub(pattern, lambda m: f"{SETTING}[{_LOCK_KEYS[m.group(1)]!r}]", message)

@@ -4,8 +4,8 @@ A Django cache backend instance lives in one thread or async context (Django
 makes one per thread and per async task), so it must not own Redis clients for
 the lock: an asyncio client belongs to one event loop, and a sync view, an async
 view and ``async_to_sync`` each run on a different one. The lock therefore
-takes its connections from ``shared_clients()``: one ``LoopClients`` per
-connection configuration for the whole process, which builds one client per
+takes its connections from the core's ``LockServer.clients()``: one
+``LoopClients`` per server configuration for the whole process, which builds one client per
 running loop and process id (so a forked child never shares its parent's
 sockets) and closes it when that loop closes. Sync code goes through
 ``SyncFifoLock``, whose portal loop gets its client from the same
@@ -19,10 +19,10 @@ core's ``SyncFifoLock`` and ``FifoLock``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from dataclasses import asdict, replace
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from django.core.cache import InvalidCacheBackendError, caches
 from django.core.cache.backends.base import BaseCache
@@ -31,6 +31,8 @@ from django.core.exceptions import ImproperlyConfigured
 from redis_fifo_lock import (
     FifoLock,
     Lease,
+    LockOptions,
+    LockServer,
     LockSettings,
     LockStatus,
     LockUsageError,
@@ -38,10 +40,13 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.lock import check_timeout
+from redis_fifo_lock.metrics import lock_labels
 from redis_fifo_lock.settings import MAX_NAME_BYTES, check_name, check_namespace, shown_value
 
-from .conf import SETTING, fifolock_settings
-from .connection import LockConnection, shared_clients
+from .conf import SETTING, fifolock_settings, setting_name
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 LOCK_BACKENDS = {
     "django_redis.cache.RedisCache": "fifolock_django.cache.RedisCache",
@@ -91,7 +96,7 @@ class CacheFifoLock:
     and ``astatus()`` read the lock without joining the queue.
 
     Args:
-        clients: where connections come from (see ``shared_clients``).
+        clients: where connections come from (``LockServer.clients()``).
         name: the lock name given to the core (str), i.e. the cache key
             (``cache.make_key(name)``), already validated.
         timeout: seconds (float) to wait on entry; None waits forever, 0 tries
@@ -101,9 +106,12 @@ class CacheFifoLock:
             the core's lock.
         namespace: put in front of the lock's keys (str, default "": none), the
             cache's ``KEY_PREFIX`` (see ``namespace_of``).
+        name_template: the label of the lock's OpenTelemetry metrics and spans
+            (str, or None, default: "(untemplated)"), see ``fifo_lock``.
 
     Raises:
-        ValueError: for a bad ``name``, ``timeout`` or ``namespace``.
+        ValueError: for a bad ``name``, ``timeout``, ``namespace`` or
+            ``name_template``.
 
     Entering raises ``LockTimeout`` (a ``TimeoutError``; ``.waited`` in seconds,
     ``.holder_fence``) when ``timeout`` runs out, and ``RedisUnavailable`` when
@@ -130,9 +138,11 @@ class CacheFifoLock:
         timeout: float | None,
         settings: LockSettings,
         namespace: str = "",
+        name_template: str | None = None,
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
+        self.labels = lock_labels(name, name_template, "django")
         self.timeout = check_timeout(timeout)
         self.settings = settings
         self.clients = clients
@@ -143,16 +153,27 @@ class CacheFifoLock:
 
     def sync_lock(self) -> SyncFifoLock:
         """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
-        # Every field of the settings, so that none can be dropped on the way.
         return SyncFifoLock(
-            self.clients, self.name, namespace=self.namespace, **asdict(self.settings)
+            self.clients,
+            self.name,
+            settings=self.settings,
+            namespace=self.namespace,
+            name_template=self.labels.name_template,
+            integration=self.labels.integration,
         )
 
     def async_lock(self) -> FifoLock:
         """The core's ``FifoLock`` for this lock; each call uses the running event
         loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
-        return FifoLock(self.clients, self.name, namespace=self.namespace, **asdict(self.settings))
+        return FifoLock(
+            self.clients,
+            self.name,
+            settings=self.settings,
+            namespace=self.namespace,
+            name_template=self.labels.name_template,
+            integration=self.labels.integration,
+        )
 
     # --- acquire and release in different places --------------------------------------
 
@@ -284,11 +305,8 @@ class SupportsFifoLock(Protocol):
         timeout: float | None = None,
         *,
         version: int | None = None,
-        lease_ms: int | None = None,
-        poll_ms: int | None = None,
-        max_hold_ms: int | None = None,
-        replicas: int | None = None,
-        replica_wait_ms: int | None = None,
+        name_template: str | None = None,
+        **options: Unpack[LockOptions],
     ) -> CacheFifoLock:
         """See ``FifoLockMixin.fifo_lock``."""
         ...
@@ -301,14 +319,15 @@ class FifoLockMixin(BaseCache):
     ``fifo_lock_connection()`` from its own ``LOCATION`` and ``OPTIONS``. The
     mixin stores nothing on the backend instance (Django makes one per thread
     and async context, and closes it after every request): connections live in
-    the process-wide registry of ``shared_clients``. The cache's ``close()`` is
+    the process-wide registry of the core (``LockServer.clients``). The cache's ``close()`` is
     left as it is and never touches them - cheap, idempotent, and safe while
     other requests of the process hold locks.
     """
 
-    def fifo_lock_connection(self) -> LockConnection:
-        """Where this cache's locks connect: one server, a Sentinel master or a
-        Redis Cluster, with the ``redis.asyncio`` connection kwargs.
+    def fifo_lock_connection(self) -> LockServer:
+        """Where this cache's locks live (``redis_fifo_lock.LockServer``: one
+        server, a Sentinel master or a Redis Cluster, with the ``redis.asyncio``
+        connection kwargs).
 
         Raises:
             ImproperlyConfigured: when the settings cannot make a lock connection.
@@ -323,7 +342,7 @@ class FifoLockMixin(BaseCache):
         Raises:
             ImproperlyConfigured: see ``fifo_lock_connection``.
         """
-        return shared_clients(self.fifo_lock_connection())
+        return self.fifo_lock_connection().clients()
 
     def fifo_lock(
         self,
@@ -331,11 +350,8 @@ class FifoLockMixin(BaseCache):
         timeout: float | None = None,
         *,
         version: int | None = None,
-        lease_ms: int | None = None,
-        poll_ms: int | None = None,
-        max_hold_ms: int | None = None,
-        replicas: int | None = None,
-        replica_wait_ms: int | None = None,
+        name_template: str | None = None,
+        **options: Unpack[LockOptions],
     ) -> CacheFifoLock:
         """A FIFO lock named by the cache key of ``name``, for ``with`` or ``async with``.
 
@@ -359,6 +375,11 @@ class FifoLockMixin(BaseCache):
             replica_wait_ms: int milliseconds overriding
                 ``FIFOLOCK['REPLICA_WAIT_MS']``: how long each grant and renewal
                 waits for those acknowledgements.
+            name_template: the template ``name`` was filled in from (str, e.g.
+                ``"invoice-{id}"``; a fixed name is its own template), recorded
+                with the lock's OpenTelemetry metrics and spans
+                (``redis_fifo_lock.metrics``, integration ``django``) in place
+                of the name; default None: ``"(untemplated)"``.
 
         Returns:
             a ``CacheFifoLock``; entering it yields the ``Lease``. See there for
@@ -367,24 +388,15 @@ class FifoLockMixin(BaseCache):
             ``IGNORE_EXCEPTIONS``). Nothing touches Redis until it is used.
 
         Raises:
-            ValueError: for a bad ``name``, ``timeout`` or lock option, or
-                ``replicas`` above 0 on a Redis Cluster cache.
+            ValueError: for a bad ``name``, ``timeout``, lock option or
+                ``name_template``, or ``replicas`` above 0 on a Redis Cluster cache.
             ImproperlyConfigured: for an invalid ``FIFOLOCK`` (or its
                 ``REPLICAS`` above 0 on a Redis Cluster cache), a ``KEY_PREFIX``
                 that makes an invalid lock name, or connection settings the
                 lock cannot use (such as a Sentinel set-up without ``SENTINELS``).
         """
         return cache_lock(
-            self,
-            self.fifo_lock_connection(),
-            name,
-            timeout,
-            version=version,
-            lease_ms=lease_ms,
-            poll_ms=poll_ms,
-            max_hold_ms=max_hold_ms,
-            replicas=replicas,
-            replica_wait_ms=replica_wait_ms,
+            self, self.fifo_lock_connection(), name, timeout, version, options, name_template
         )
 
 
@@ -448,63 +460,53 @@ def namespace_of(cache: BaseCache) -> str:
         ) from exc
 
 
+def override_name(option: str) -> str:
+    """How a ``fifo_lock()`` call spells a lock option: ``fifo_lock(lease_ms=...)``."""
+    return f"fifo_lock({option}=...)"
+
+
 def cache_lock(
     cache: BaseCache,
-    connection: LockConnection,
+    server: LockServer,
     name: str,
     timeout: float | None = None,
-    *,
     version: int | None = None,
-    lease_ms: int | None = None,
-    poll_ms: int | None = None,
-    max_hold_ms: int | None = None,
-    replicas: int | None = None,
-    replica_wait_ms: int | None = None,
+    options: Mapping[str, object] | None = None,
+    name_template: str | None = None,
 ) -> CacheFifoLock:
     """Build the ``CacheFifoLock`` that a backend's ``fifo_lock()`` returns.
 
     The lock name given to the core is ``lock_key(cache, name, version)``, its
-    namespace ``namespace_of(cache)``, its connections
-    ``shared_clients(connection)``. Each lock option left None takes its
-    ``FIFOLOCK`` value, read now: ``lease_ms``, ``poll_ms``, ``max_hold_ms``,
-    ``replica_wait_ms`` (int milliseconds) and ``replicas`` (int). Nothing
-    touches Redis here.
+    namespace ``namespace_of(cache)``, its connections ``server.clients()``.
+    Each lock option of ``options`` left out or None takes its ``FIFOLOCK``
+    value, read now (see ``redis_fifo_lock.LockSettings.merged``).
+    ``name_template`` labels its metrics (see ``fifo_lock``). Nothing touches
+    Redis here.
 
     Raises:
         ValueError: for a bad ``name``, ``timeout`` or lock option (the message
-            names it), or ``replicas`` above 0 when ``connection`` is a Redis
-            Cluster.
+            names it), or ``replicas`` above 0 when ``server`` is a Redis Cluster.
         ImproperlyConfigured: when ``FIFOLOCK`` is invalid (or its ``REPLICAS``
-            is above 0 and ``connection`` is a Redis Cluster), the cache's
+            is above 0 and ``server`` is a Redis Cluster), the cache's
             key function turns a valid ``name`` into an invalid lock name, or
             its ``KEY_PREFIX`` cannot be a namespace.
+        TypeError: an option that is not a lock option.
     """
     key = lock_key(cache, name, version)
     namespace = namespace_of(cache)
-    given = {
-        "lease_ms": lease_ms,
-        "poll_ms": poll_ms,
-        "max_hold_ms": max_hold_ms,
-        "replicas": replicas,
-        "replica_wait_ms": replica_wait_ms,
-    }
-    overrides = {option: value for option, value in given.items() if value is not None}
-    settings = replace(fifolock_settings().lock, **overrides)
-    if settings.replicas and connection.topology == "cluster":
-        # The core would refuse it only at the first acquire (LoopClients hides
-        # the cluster client until then): refuse it here, naming the source.
-        why = (
-            f"cache.fifo_lock({name!r}) is on a Redis Cluster ({connection.describe()}), "
-            "where a lock cannot wait for replicas (WAIT cannot follow the lock's script "
-            "on its connection there)"
-        )
-        if replicas is not None:
-            raise ValueError(f"replicas={replicas} is not supported: {why}; use replicas=0")
-        raise ImproperlyConfigured(
-            f"{SETTING}['REPLICAS'] is {settings.replicas}, but {why}; set "
-            f"{SETTING}['REPLICAS'] to 0, or pass replicas=0 to this cache's fifo_lock() calls"
-        )
-    return CacheFifoLock(shared_clients(connection), key, timeout, settings, namespace)
+    options = options or {}
+    configured = fifolock_settings().lock
+    cluster = server.describe() if server.topology == "cluster" else None
+    if options.get("replicas") is None:
+        # The project's REPLICAS applies: a refusal is the setting's, not the call's.
+        try:
+            configured.merged(base_spell=setting_name, cluster=cluster)
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"{exc}, or pass replicas=0 to this cache's fifo_lock() calls"
+            ) from exc
+    settings = configured.merged((options, override_name), base_spell=setting_name, cluster=cluster)
+    return CacheFifoLock(server.clients(), key, timeout, settings, namespace, name_template)
 
 
 def lock_cache(alias: str | None = None) -> SupportsFifoLock:
@@ -536,19 +538,11 @@ def lock_cache(alias: str | None = None) -> SupportsFifoLock:
 def lock_name(name: str, cache: str | None = None, *, version: int | None = None) -> str:
     """The name in Redis of the lock that ``caches[cache].fifo_lock(name)`` takes.
 
-    Give it to code that uses the core or the Celery integration directly, so
-    that it takes the very same lock::
-
-        @app.task
-        @fifo_locked(lock_name("invoices"))   # same lock as cache.fifo_lock("invoices")
-        def issue(): ...
-
-    (With a ``KEY_PREFIX``, pass ``namespace=lock_namespace()`` too, or set
-    ``CELERY_FIFO_LOCK_NAMESPACE`` to it: the keys start with the prefix. The
-    Celery side must also connect to the same Redis server and database:
-    ``CELERY_FIFO_LOCK_REDIS_URL`` should be the cache's ``LOCATION``; for a
-    Sentinel or Redis Cluster cache, the same sentinels and service, or nodes,
-    in Celery's form - see ``fifolock_celery.server``.)
+    Give it to code that uses the core directly, so that it takes the very
+    same lock (``SyncFifoLock(url, lock_name("invoices"),
+    namespace=lock_namespace())``). Celery tasks need neither: in a Django
+    project ``@fifo_locked("invoices")`` already takes this lock (see
+    ``fifolock_celery.under_django``).
 
     Args:
         name: the name given to ``fifo_lock()`` (str, no ``{``/``}``).
@@ -572,9 +566,8 @@ def lock_name(name: str, cache: str | None = None, *, version: int | None = None
 def lock_namespace(cache: str | None = None) -> str:
     """The namespace of the locks of ``caches[cache]``: its ``KEY_PREFIX``.
 
-    Give it, with ``lock_name()``, to code that uses the core (``namespace=``)
-    or the Celery integration (``fifo_lock_namespace``), so that it takes the
-    very same lock as ``cache.fifo_lock()``.
+    Give it, with ``lock_name()``, to code that uses the core (``namespace=``),
+    so that it takes the very same lock as ``cache.fifo_lock()``.
 
     Args:
         cache: alias (str) in ``CACHES``; default ``FIFOLOCK['CACHE']``.

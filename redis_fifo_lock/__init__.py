@@ -1,7 +1,9 @@
 """redis-fifo-lock: a distributed FIFO mutex on Redis.
 
 ``FifoLock`` is the asyncio lock; ``SyncFifoLock`` runs it for threads and sync
-code; ``LoopClients`` gives each event loop its own client; ``acl_rules`` lists
+code; ``LoopClients`` gives each event loop its own client, ``LockServer`` says where
+the locks live (one server, a Sentinel master, a Redis Cluster) and shares
+those clients; ``acl_rules`` lists
 the Redis ACL rules a user of the lock needs.
 """
 
@@ -17,7 +19,8 @@ from .errors import (
 )
 from .lease import Lease, LockStatus
 from .lock import FifoLock
-from .settings import LockSettings
+from .server import LockServer
+from .settings import LockOptions, LockSettings
 from .sync import SyncFifoLock
 
 __all__ = [
@@ -25,6 +28,8 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "LockError",
+    "LockOptions",
+    "LockServer",
     "LockSettings",
     "LockStatus",
     "LockTimeout",

@@ -21,7 +21,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import Sentinel
 
-from .connection import check_url, masked_kwargs, masked_url
+from .connection import check_url, masked_kwargs, masked_url, node_address
 from .loops import close_client, contexts, loop_context
 from .protocol import AsyncClient
 
@@ -30,6 +30,8 @@ SSL_OPTIONS = frozenset(
 )
 """The ``ssl_*`` keyword arguments that ``redis.asyncio``'s ``SSLConnection`` takes
 (they vary with the redis-py version; the sync client takes a few more)."""
+CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters) - {"self"}
+"""The keyword arguments ``redis.asyncio``'s ``RedisCluster`` takes."""
 
 
 def wants_tls(url: str | None, kwargs: Mapping[str, Any], where: str = "LoopClients") -> bool:
@@ -182,17 +184,24 @@ class LoopClients:
                 ``ssl``, ``socket_timeout``...); ``ssl_*`` options imply ``ssl=True``.
 
         Raises:
-            TypeError: neither ``url`` nor ``nodes`` given, or ``url`` not a str.
-            ValueError: ``url`` is not a ``redis://`` or ``rediss://`` URL.
-            TypeError: neither ``url`` nor ``nodes`` given; an ``ssl_*`` option
-                ``redis.asyncio`` does not take.
-            ValueError: ``ssl=False`` with other TLS options.
+            TypeError: neither ``url`` nor ``nodes`` given, ``url`` not a str, an
+                option ``RedisCluster`` does not take (``db`` among them) or an
+                ``ssl_*`` option ``redis.asyncio`` does not take.
+            ValueError: ``url`` is not a ``redis://`` or ``rediss://`` URL with a
+                host and database 0 (see ``connection.node_address``), or
+                ``ssl=False`` with other TLS options.
         """
         addresses = [(str(host), int(port)) for host, port in nodes]
         if url is None and not addresses:
             raise TypeError("LoopClients.cluster() needs a node URL or nodes")
         if url is not None:
-            check_url(url, "url", ("redis", "rediss"))
+            node_address(url, "url")
+        unknown = sorted(set(connection_kwargs) - CLUSTER_OPTIONS)
+        if unknown or connection_kwargs.get("db"):
+            raise TypeError(
+                "LoopClients.cluster(): Redis Cluster clients take no "
+                f"{', '.join(unknown or ['db'])}; remove it from the lock's connection options"
+            )
         tls = wants_tls(url, connection_kwargs, "LoopClients.cluster()")
 
         def build() -> AsyncClient:

@@ -27,6 +27,9 @@ is a secret: its value is never shown."""
 SHOWN_URL_CHARS = 200
 """Longest URL text put in a message, in characters (the rest is cut)."""
 
+NODE_PORT = 6379
+"""Port of a Redis Cluster node whose URL names none."""
+
 
 def is_secret(option: str) -> bool:
     """Whether the connection option (or query parameter) ``option`` holds a secret."""
@@ -101,3 +104,34 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
             f"start with {accepted} (for example redis://localhost:6379/0)"
         )
     return url
+
+
+def node_address(url: object, argument: str) -> tuple[str, int]:
+    """``(host, port)`` of a Redis Cluster node's URL, checked: ``redis://`` or
+    ``rediss://``, with a host, and database 0 (the only one a cluster has);
+    port ``NODE_PORT`` when it names none.
+
+    Args:
+        url: the value to check.
+        argument: how the caller spells the setting, for messages (str).
+
+    Raises:
+        TypeError: ``url`` is not a ``str``.
+        ValueError: naming ``argument``, another scheme, no host, a malformed
+            port, or a database other than 0.
+    """
+    parts = urlsplit(check_url(url, argument, ("redis", "rediss")))
+    shown = masked_url(str(url))
+    try:
+        port = parts.port or NODE_PORT
+    except ValueError as exc:
+        raise ValueError(f"{argument} {shown!r}: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"{argument} {shown!r} names no host; a cluster node needs one")
+    path = parts.path.strip("/")
+    if path not in ("", "0"):
+        raise ValueError(
+            f"{argument} {shown!r} names database {path[:40]!r}, but a Redis Cluster has "
+            "database 0 only"
+        )
+    return parts.hostname, port

@@ -1,12 +1,12 @@
 """The doorbell: one pub/sub subscription per client, shared by all its waiters.
 
-Every grant made by a script is published as ``"<token> <fence> <ticket> <pttl_ms>"``
-on the doorbell channel of the session that waits for it,
+Every grant made by a script is published as ``"<token> <fence> <ticket>
+<pttl_ms> <call>"`` on the doorbell channel of the session that waits for it,
 ``fifolock:{<name>}:doorbell:<session>``, so a grant wakes only the process it
-is for, however many processes wait. A process subscribes to the channel of
-each of its wait groups and routes each ring to that group's waiters. The
-doorbell is only an optimisation: a lost ring costs latency, never correctness,
-because every waiting process also polls (see ``waiting.py``).
+is for, however many processes wait. A process subscribes to the channel of each
+of its wait groups and routes each ring to that group's waiters. The doorbell is
+only an optimisation: a lost ring costs latency, never correctness, because
+every waiting process also polls (see ``waiting.py``).
 
 When the subscription's connection breaks, redis-py reconnects it (and
 subscribes again) before raising the error if the server is still there; the
@@ -281,8 +281,8 @@ class Doorbell:
             if ring is None:
                 return
             try:
-                token, fence, ticket, pttl_ms = _text(message["data"]).split(" ")
-                grant = Grant(int(fence), int(ticket), int(pttl_ms))
+                token, fence, ticket, pttl_ms, call = _text(message["data"]).split(" ")
+                grant = Grant(int(fence), int(ticket), int(pttl_ms), call)
             except ValueError:
                 # Not rung by the lock's scripts: ignored (the poll is the truth).
                 log.debug("doorbell: ignored a malformed ring on %s", channel)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import metrics
 from .errors import LockUsageError
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ class Lease:
         callable from any thread."""
         if self.lost_reason is None:
             self.lost_reason = reason
+            metrics.lease_lost(self)
             waiters, self._lost_waiters = self._lost_waiters, []
             for waiter in waiters:
                 with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits

@@ -23,14 +23,16 @@ import math
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
+from . import metrics
 from .calls import call_ids
 from .clients import LoopClients
+from .connection import masked_url
 from .errors import (
     LeaseLost,
     LockError,
@@ -50,8 +52,11 @@ from .protocol import (
     Protocol,
 )
 from .renewal import end_renewal, start_renewal
-from .settings import LockSettings, check_name, check_namespace, shown_value
+from .settings import LockOptions, LockSettings, check_name, check_namespace, shown_value
 from .waiting import Hub, Waiter, WaitGroup, hub_for
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("redis_fifo_lock")
 
@@ -123,27 +128,30 @@ def check_token(token: object) -> str:
     return token
 
 
-def lock_settings(name: str, client: AsyncClient | LoopClients, **settings: Any) -> LockSettings:
-    """Validate the settings of lock ``name`` on ``client``.
+def lock_settings(
+    name: str,
+    client: AsyncClient | LoopClients,
+    settings: LockSettings | None,
+    options: Mapping[str, object],
+) -> LockSettings:
+    """The settings of lock ``name`` on ``client``: ``settings`` (default
+    ``LockSettings()``) with the keyword ``options`` applied (see ``LockSettings.merged``).
 
     Raises:
-        ValueError: naming the lock and the setting, for a bad value, or for
-            ``replicas`` on Redis Cluster (``WAIT`` cannot follow the script on
-            its connection there).
+        TypeError: an option that is not a lock option.
+        ValueError: naming the lock and the option, for a bad value, or for
+            ``replicas`` on Redis Cluster.
     """
+    if isinstance(client, redis.asyncio.RedisCluster):
+        cluster: str | None = "a RedisCluster client"
+    elif isinstance(client, LoopClients) and client.is_cluster:
+        cluster = f"Redis Cluster {masked_url(client.url or '')}".rstrip()
+    else:
+        cluster = None
     try:
-        checked = LockSettings(**settings)
+        return (settings or LockSettings()).merged((options, str), cluster=cluster)
     except ValueError as exc:
         raise ValueError(f"FIFO lock {name!r}: {exc}") from None
-    on_cluster = isinstance(client, redis.asyncio.RedisCluster) or (
-        isinstance(client, LoopClients) and client.is_cluster
-    )
-    if checked.replicas and on_cluster:
-        raise ValueError(
-            f"FIFO lock {name!r}: replicas={checked.replicas} is not supported on Redis "
-            "Cluster (WAIT cannot follow the script on its connection there); use replicas=0"
-        )
-    return checked
 
 
 class FifoLock:
@@ -172,14 +180,24 @@ class FifoLock:
             grant that is not acknowledged. Not for Redis Cluster.
         replica_wait_ms: milliseconds to wait for those acknowledgements
             (default None: a tenth of ``lease_ms``, at most 1000).
+        settings: all five at once (``LockSettings``), as the integrations
+            pass them; the options above, when given too, override its values.
+            Default None: ``LockSettings()``.
         namespace: put in front of every key and channel of the lock (str,
             default "": none): ``<namespace>:fifolock:{<name>}:<part>``, e.g. a
             tenant's key prefix for an ACL key pattern. Locks share a lock only
             with the same name and namespace. See ``check_namespace``.
+        name_template: the template the name was filled in from (str, e.g.
+            ``"customer-{customer_id}"``), recorded with the lock's OpenTelemetry
+            metrics and spans (``redis_fifo_lock.metrics``) in place of the name;
+            default None: ``"(untemplated)"`` for every lock, never the name.
+        integration: what made the lock, recorded with the same: ``"core"``
+            (default), ``"django"`` or ``"celery"``.
 
     Raises:
-        ValueError: naming the setting, for a bad name, namespace or settings, or
-            ``replicas`` with a ``RedisCluster`` client.
+        ValueError: naming the setting, for a bad name, namespace, settings,
+            ``name_template`` or ``integration``, or ``replicas`` with a
+            ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
             client or a ``LoopClients`` (a URL string among them).
@@ -199,14 +217,14 @@ class FifoLock:
         redis_client: AsyncClient | LoopClients,
         name: str,
         *,
-        lease_ms: int = 60_000,
-        poll_ms: int = 30_000,
-        max_hold_ms: int = 1_800_000,
-        replicas: int = 0,
-        replica_wait_ms: int | None = None,
+        settings: LockSettings | None = None,
         namespace: str = "",
+        name_template: str | None = None,
+        integration: str = "core",
+        **options: Unpack[LockOptions],
     ) -> None:
         self.name = check_name(name)
+        self.labels = metrics.lock_labels(name, name_template, integration)
         if isinstance(redis_client, (redis.Redis, redis.RedisCluster)):
             raise TypeError(
                 f"FIFO lock {name!r} needs a redis.asyncio client, got a synchronous "
@@ -220,15 +238,7 @@ class FifoLock:
                 f"LoopClients, got {type(redis_client).__name__}; for a URL pass "
                 "LoopClients(url)"
             )
-        self.settings = lock_settings(
-            name,
-            redis_client,
-            lease_ms=lease_ms,
-            poll_ms=poll_ms,
-            max_hold_ms=max_hold_ms,
-            replicas=replicas,
-            replica_wait_ms=replica_wait_ms,
-        )
+        self.settings = lock_settings(name, redis_client, settings, options)
         self.clients = redis_client if isinstance(redis_client, LoopClients) else None
         self._client = None if isinstance(redis_client, LoopClients) else redis_client
         self.keys = LockKeys(self.name, check_namespace(namespace))
@@ -270,7 +280,8 @@ class FifoLock:
         lease = await self.acquire(timeout, token=token)
         # Shielded: a second cancellation must not leave the lease to expire.
         try:
-            yield lease
+            with metrics.current(lease):
+                yield lease
         except BaseException as error:
             try:
                 await asyncio.shield(release_retrying(self, lease))
@@ -312,10 +323,11 @@ class FifoLock:
         hub = hub_for(self.client)
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
-        try:
-            lease = await self._acquire(hub, group, waiter, started, deadline)
-        finally:
-            group.leave(token)
+        with metrics.Waiting(self.labels, self.keys):
+            try:
+                lease = await self._acquire(hub, group, waiter, started, deadline)
+            finally:
+                group.leave(token)
         if _cancelling():
             # Cancelled while the call that granted it was in flight, and the
             # cancellation was swallowed on the way (redis-py and asyncio.wait_for
@@ -418,9 +430,10 @@ class FifoLock:
         # it has as much slack as any lease at its first renewal; else a claim
         # re-arms it in one round trip.
         waited = time.monotonic() - dated
-        if grant.ticket != waiter.ticket or waited >= min(
-            self.settings.renew_every_s, grant.pttl_ms / 1000
-        ) / 2:
+        if (
+            grant.ticket != waiter.ticket
+            or waited >= min(self.settings.renew_every_s, grant.pttl_ms / 1000) / 2
+        ):
             return None
         return self._start_lease(hub, waiter, grant, dated)
 
@@ -490,6 +503,7 @@ class FifoLock:
         lease = Lease(
             self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
         )
+        metrics.hold_started(self.labels, lease, grant.queued)
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         start_renewal(self, hub, lease, first_at)
         return lease
@@ -560,6 +574,7 @@ class FifoLock:
             lease.release_failed()
             raise
         lease.mark_released()
+        metrics.hold_ended(lease, lost=outcome == NOT_HELD or lease.lost_reason is not None)
         hub.leases.pop((self.keys, lease.token), None)
         if handover is not None:
             # The next holder waits in this process: no ring was sent for it.

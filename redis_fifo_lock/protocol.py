@@ -153,14 +153,17 @@ class Script:
 
 @dataclass(frozen=True)
 class Grant:
-    """A grant as Redis reported it: fence and ticket, lease time left in ms, and
+    """A grant as Redis reported it: fence and ticket, lease time left in ms,
     (in a ring or a hand-over) the id of the acquire call it answers ("" if not
-    given)."""
+    given), and (in a reply to the request's own process) ``queued``, the number
+    of requests still queued behind it when that reply was made (0 if not given).
+    """
 
     fence: int
     ticket: int
     pttl_ms: int
     call: str = ""
+    queued: int = 0
 
 
 @dataclass(frozen=True)
@@ -330,7 +333,7 @@ class Protocol:
         else:
             reply = await self._call(client, keys, "acquire", *args)
         if reply[0] == 1:
-            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]))
+            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]), queued=int(reply[4]))
             if acked < self.replicas:
                 raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
             return grant, grant.ticket, grant.fence
@@ -359,7 +362,7 @@ class Protocol:
         else:
             reply = await self._call(client, keys, "claim", *args)
         if reply[0] == 1:
-            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]))
+            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]), queued=int(reply[4]))
             if acked < self.replicas:
                 raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
             return ClaimReply(grant, None)
@@ -390,7 +393,9 @@ class Protocol:
         )
         handover = None
         if len(reply) > 1:
-            grant = Grant(int(reply[2]), int(reply[3]), int(reply[4]), _text(reply[5]) or "")
+            grant = Grant(
+                int(reply[2]), int(reply[3]), int(reply[4]), _text(reply[5]) or "", int(reply[6])
+            )
             handover = (_text(reply[1]) or "", grant)
         return int(reply[0]), handover
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import reprlib
 import unicodedata
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in bytes of UTF-8."""
@@ -120,7 +122,52 @@ def check_namespace(namespace: object) -> str:
     return namespace
 
 
-def _positive_ms(setting: str, value: object) -> int:
+LOCK_OPTIONS = ("lease_ms", "poll_ms", "max_hold_ms", "replicas", "replica_wait_ms")
+"""The lock options: the fields of ``LockSettings``, and the keyword arguments of
+every lock (``FifoLock``, ``SyncFifoLock``, ``@fifo_locked``, ``cache.fifo_lock``)."""
+
+
+class LockOptions(TypedDict, total=False):
+    """The lock options as keyword arguments (each optional; see ``LockSettings``
+    for units, defaults and rules): ``lease_ms``, ``poll_ms``, ``max_hold_ms``,
+    ``replica_wait_ms`` (int milliseconds) and ``replicas`` (int). In the
+    Celery and Django integrations None means "the configured value"."""
+
+    lease_ms: int | None
+    poll_ms: int | None
+    max_hold_ms: int | None
+    replicas: int | None
+    replica_wait_ms: int | None
+
+
+Spelling = Callable[[str], str]
+"""How a caller spells a lock option in its own settings, for error messages:
+``"lease_ms"`` -> ``"FIFOLOCK['LEASE_MS']"``, ``"fifo_lock_lease_ms"``..."""
+
+
+def check_option(option: str, value: object, spelled: str | None = None) -> int:
+    """Return ``value`` if it can be the lock option ``option`` on its own: a
+    positive int of milliseconds (at most ``MAX_MS``), or for ``replicas`` an
+    int of 0 or more. The rules between options are ``LockSettings``'.
+
+    Args:
+        option: one of ``LOCK_OPTIONS``.
+        value: the value to check (None is refused: leave the option out).
+        spelled: how the caller spells the option, for the message; default
+            ``option``.
+
+    Raises:
+        ValueError: naming ``spelled``, for a bool, float, str or out-of-range value.
+    """
+    setting = spelled or option
+    if option == "replicas":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"{setting} must be a whole number (int), got {type(value).__name__}: {value!r}"
+            )
+        if value < 0:
+            raise ValueError(f"{setting} must be 0 or more, got {value}")
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(
             f"{setting} must be a whole number of milliseconds (int), "
@@ -133,14 +180,63 @@ def _positive_ms(setting: str, value: object) -> int:
     return value
 
 
-def _count(setting: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{setting} must be a whole number (int), got {type(value).__name__}: {value!r}"
+def given_options(options: Mapping[str, object], spell: Spelling = str) -> dict[str, int]:
+    """The lock options given in ``options`` (None values left out), each checked
+    on its own (``check_option``); the rules between them are ``LockSettings``'.
+
+    Args:
+        options: a value per option; keys among ``LOCK_OPTIONS``.
+        spell: how the caller spells an option, for messages; default its name.
+
+    Raises:
+        TypeError: a key that is not a lock option.
+        ValueError: naming the option as ``spell`` spells it, as ``check_option``.
+    """
+    unknown = sorted(set(options) - set(LOCK_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"unknown lock option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(LOCK_OPTIONS)}"
         )
-    if value < 0:
-        raise ValueError(f"{setting} must be 0 or more, got {value}")
-    return value
+    return {
+        option: check_option(option, value, spell(option))
+        for option, value in options.items()
+        if value is not None
+    }
+
+
+def _check_settings(values: Mapping[str, Any], spell: Spelling, cluster: str | None) -> None:
+    """Every rule of ``LockSettings`` on ``values`` (a value per option), the
+    messages naming each option as ``spell`` spells it. ``cluster``: where the
+    lock lives when that is a Redis Cluster (a description), else None."""
+    for option in LOCK_OPTIONS:
+        if option != "replica_wait_ms" or values[option] is not None:
+            check_option(option, values[option], spell(option))
+    lease, poll, hold = values["lease_ms"], values["poll_ms"], values["max_hold_ms"]
+    if lease < 30:
+        raise ValueError(f"{spell('lease_ms')} must be at least 30 ms, got {lease}")
+    if poll * 2 > lease:
+        raise ValueError(
+            f"{spell('poll_ms')} ({poll}) must be at most half of {spell('lease_ms')} "
+            f"({lease}): a waiter whose doorbell was lost must poll before a grant made to "
+            "it expires"
+        )
+    if hold < lease:
+        raise ValueError(
+            f"{spell('max_hold_ms')} ({hold}) must be at least {spell('lease_ms')} ({lease})"
+        )
+    wait = values["replica_wait_ms"]
+    if wait is not None and wait * 3 > lease:
+        raise ValueError(
+            f"{spell('replica_wait_ms')} ({wait}) must be at most a third of "
+            f"{spell('lease_ms')} ({lease}): a renewal must not wait past the next one"
+        )
+    if values["replicas"] and cluster is not None:
+        raise ValueError(
+            f"{spell('replicas')} is {values['replicas']}, but the lock is on a Redis Cluster "
+            f"({cluster}), where a lock cannot wait for replicas (WAIT cannot follow the "
+            "lock's script on its connection there); set it to 0"
+        )
 
 
 @dataclass(frozen=True)
@@ -171,6 +267,8 @@ class LockSettings:
     Raises:
         ValueError: naming the setting, when a value is not a positive int
             (bools and floats are refused) or the settings are inconsistent.
+
+    ``merged`` builds one from a caller's settings, naming them as it spells them.
     """
 
     lease_ms: int = 60_000
@@ -180,28 +278,47 @@ class LockSettings:
     replica_wait_ms: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_ms("lease_ms", self.lease_ms)
-        _positive_ms("poll_ms", self.poll_ms)
-        _positive_ms("max_hold_ms", self.max_hold_ms)
-        if self.lease_ms < 30:
-            raise ValueError(f"lease_ms must be at least 30 ms, got {self.lease_ms}")
-        if self.poll_ms * 2 > self.lease_ms:
-            raise ValueError(
-                f"poll_ms ({self.poll_ms}) must be at most half of lease_ms ({self.lease_ms}): "
-                "a waiter whose doorbell was lost must poll before a grant made to it expires"
-            )
-        if self.max_hold_ms < self.lease_ms:
-            raise ValueError(
-                f"max_hold_ms ({self.max_hold_ms}) must be at least lease_ms ({self.lease_ms})"
-            )
-        _count("replicas", self.replicas)
-        if self.replica_wait_ms is not None:
-            _positive_ms("replica_wait_ms", self.replica_wait_ms)
-            if self.replica_wait_ms * 3 > self.lease_ms:
-                raise ValueError(
-                    f"replica_wait_ms ({self.replica_wait_ms}) must be at most a third of "
-                    f"lease_ms ({self.lease_ms}): a renewal must not wait past the next one"
-                )
+        _check_settings(self.__dict__, str, None)
+
+    def merged(
+        self,
+        *layers: tuple[Mapping[str, object], Spelling],
+        base_spell: Spelling = str,
+        cluster: str | None = None,
+    ) -> LockSettings:
+        """These settings with each layer of options applied in turn, all rules
+        checked once, on the result.
+
+        The one place where a caller's settings become a ``LockSettings``, e.g.
+        ``LockSettings().merged((app_settings, app_spelling), (task_options,
+        task_spelling))``: a later layer wins, and every message names each
+        option as the layer it came from spells it.
+
+        Args:
+            *layers: ``(values, spell)`` pairs: a value per option (keys among
+                ``LOCK_OPTIONS``; None keeps the value below) and how the caller
+                spells an option of that layer (e.g. ``lambda option:
+                f"fifo_lock_{option}"``).
+            base_spell: how the caller spells an option that no layer gives;
+                default its name.
+            cluster: where the lock lives when that is a Redis Cluster (a
+                description for the message, see ``LockServer.describe``);
+                None (default) when it is not.
+
+        Raises:
+            TypeError: a key that is not a lock option.
+            ValueError: naming each option as the caller spells it, for a value
+                ``check_option`` refuses (see ``given_options``), options
+                inconsistent with each other (see the class), or ``replicas``
+                above 0 on a Redis Cluster.
+        """
+        values = dict(self.__dict__)
+        names = {option: base_spell(option) for option in LOCK_OPTIONS}
+        for overrides, spell in layers:
+            for option, value in given_options(overrides, spell).items():
+                values[option], names[option] = value, spell(option)
+        _check_settings(values, names.__getitem__, cluster)
+        return LockSettings(**values)
 
     @property
     def ack_wait_ms(self) -> int:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from typing import TYPE_CHECKING
 
+from . import metrics
 from .clients import LoopClients
 from .connection import check_url
 from .holding import attach_release_error, release_retrying
@@ -19,7 +20,10 @@ from .lease import Lease, LockStatus
 from .lock import FifoLock, lock_settings
 from .portal import portal
 from .protocol import AsyncClient
-from .settings import check_name, check_namespace
+from .settings import LockOptions, LockSettings, check_name, check_namespace
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class SyncFifoLock:
@@ -29,13 +33,17 @@ class SyncFifoLock:
         connection: a Redis URL (str) or a ``LoopClients`` to share connection
             settings; the portal loop builds its own client from it.
         name: the lock name (str), as for ``FifoLock``.
-        lease_ms, poll_ms, max_hold_ms, replicas, replica_wait_ms: as for
+        settings, namespace, and the lock options ``lease_ms``, ``poll_ms``,
+            ``max_hold_ms``, ``replicas``, ``replica_wait_ms``: as for
             ``FifoLock`` (see ``LockSettings``).
-        namespace: as for ``FifoLock`` (str, default "": none).
+        name_template, integration: as for ``FifoLock``: the labels of the
+            lock's OpenTelemetry metrics and spans (default None: "(untemplated)",
+            and "core").
 
     Raises:
-        ValueError: naming the setting, for a bad name, namespace or settings, or a
-            URL that is not ``redis://``, ``rediss://`` or ``unix://``.
+        ValueError: naming the setting, for a bad name, namespace, settings,
+            ``name_template`` or ``integration``, or a URL that is not
+            ``redis://``, ``rediss://`` or ``unix://``.
         TypeError: ``connection`` is neither a str nor a ``LoopClients``.
 
     Methods mirror ``FifoLock`` without ``await``; ``timeout`` is in seconds.
@@ -47,15 +55,15 @@ class SyncFifoLock:
         connection: str | LoopClients,
         name: str,
         *,
-        lease_ms: int = 60_000,
-        poll_ms: int = 30_000,
-        max_hold_ms: int = 1_800_000,
-        replicas: int = 0,
-        replica_wait_ms: int | None = None,
+        settings: LockSettings | None = None,
         namespace: str = "",
+        name_template: str | None = None,
+        integration: str = "core",
+        **options: Unpack[LockOptions],
     ) -> None:
         self.name = check_name(name)
         self.namespace = check_namespace(namespace)
+        self.labels = metrics.lock_labels(name, name_template, integration)
         if isinstance(connection, LoopClients):
             self.clients = connection
         elif isinstance(connection, str):
@@ -65,15 +73,7 @@ class SyncFifoLock:
                 f"FIFO lock {name!r}: connection must be a Redis URL (str) or a LoopClients, "
                 f"got {type(connection).__name__}"
             )
-        self.settings = lock_settings(
-            name,
-            self.clients,
-            lease_ms=lease_ms,
-            poll_ms=poll_ms,
-            max_hold_ms=max_hold_ms,
-            replicas=replicas,
-            replica_wait_ms=replica_wait_ms,
-        )
+        self.settings = lock_settings(name, self.clients, settings, options)
         self._core: tuple[AsyncClient, FifoLock] | None = None
 
     def __repr__(self) -> str:
@@ -86,15 +86,24 @@ class SyncFifoLock:
         if core is None or core[0] is not client:
             core = self._core = (
                 client,
-                FifoLock(client, self.name, namespace=self.namespace, **asdict(self.settings)),
+                FifoLock(
+                    client,
+                    self.name,
+                    settings=self.settings,
+                    namespace=self.namespace,
+                    name_template=self.labels.name_template,
+                    integration=self.labels.integration,
+                ),
             )
         return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Block until granted; see ``FifoLock.acquire`` (same arguments and errors)."""
+        context = metrics.caller_context()  # the caller's current span is the wait's parent
 
         async def run() -> Lease:
-            return await self._lock().acquire(timeout, token=token)
+            with metrics.in_context(context):
+                return await self._lock().acquire(timeout, token=token)
 
         async def give_back(lease: Lease) -> None:
             await self._lock().release(lease)
@@ -136,7 +145,8 @@ class SyncFifoLock:
         """
         lease = self.acquire(timeout, token=token)
         try:
-            yield lease
+            with metrics.current(lease):
+                yield lease
         except BaseException as error:
             try:
                 self._release_retrying(lease)

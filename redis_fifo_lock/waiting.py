@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
+from . import metrics
 from .calls import UNKNOWN_CALL, call_ids
 from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
@@ -525,6 +526,7 @@ class Hub:
             )
             return False
         if outcome == GAVE_BACK:
+            metrics.gave_back(group.keys)
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
 

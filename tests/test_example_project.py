@@ -140,6 +140,11 @@ def test_demo_starts_its_own_redis_and_passes(marker: str) -> None:
     # 30 tasks + 10 requests + 2 runs x 3 invoices.
     assert "46 invoices stored, 46 reported issued" in result.stdout
     assert "numbers are exactly 1..46" in result.stdout
+    # The lock's OpenTelemetry metrics, from the worker's pool processes, the web
+    # server and the command runs: one successful wait per task, request and run.
+    assert "OpenTelemetry metrics (fifolock.*), all processes" in result.stdout
+    assert re.search(r"^celery +\S+ +30 +\d", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^django +invoices +12 +\d", result.stdout, re.MULTILINE), result.stdout
 
 
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 30)

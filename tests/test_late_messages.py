@@ -20,7 +20,8 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout
-from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, LockKeys
+from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, LockKeys, PollReply
+from redis_fifo_lock.waiting import WaitGroup
 from tests.support.polling import until
 from tests.support.record import Record, violations
 from tests.support.replay import ScriptCalls, reply_code
@@ -328,3 +329,34 @@ async def test_a_late_copy_of_an_earlier_call_never_takes_a_request_over(
     waiter = (await aredis.hget(keys.key("waiters"), "v") or b"").decode()
     assert waiter.endswith(" " + retry), waiter
     await lock.release(holder)
+
+
+async def test_a_waiter_of_another_process_is_woken_by_the_ring_not_its_poll(
+    clients: Callable[[], AsyncRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doorbell carries every grant to its waiter's process at once: with a
+    poll every 30 s, a waiter of another session is served within a second of
+    the release (a ring its process could not read would leave it to its poll)."""
+    settings = {"lease_ms": 60_000, "poll_ms": 30_000}
+    holder = FifoLock(clients(), "rung", **settings)
+    waiter_client = clients()
+    waiter = FifoLock(waiter_client, "rung", **settings)
+    polled = asyncio.Event()
+    settle = WaitGroup._settle
+
+    def settled(group: WaitGroup, reply: PollReply, sent: float) -> None:
+        settle(group, reply, sent)
+        if group.hub.client is waiter_client:
+            polled.set()
+
+    monkeypatch.setattr(WaitGroup, "_settle", settled)
+    lease = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
+    # Its first poll (as its group starts) has been answered: the next is 30 s away.
+    await asyncio.wait_for(polled.wait(), 10)
+    await holder.release(lease)
+    started = time.monotonic()
+    granted = await waiting
+    waited = time.monotonic() - started
+    await waiter.release(granted)
+    assert waited < 2.0, f"the waiter was served {waited:.1f} s after the release"

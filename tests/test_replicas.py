@@ -89,16 +89,22 @@ def test_the_setting_is_validated_with_its_name_and_unit() -> None:
 
 async def test_a_lock_with_replicas_on_redis_cluster_is_refused_at_construction() -> None:
     cluster = RedisCluster(host="127.0.0.1", port=1)  # never connects
-    with pytest.raises(ValueError, match="'jobs': replicas=1 is not supported on Redis Cluster"):
+    with pytest.raises(
+        ValueError, match="'jobs': replicas is 1, but the lock is on a Redis Cluster"
+    ):
         FifoLock(cluster, "jobs", replicas=1)
     assert FifoLock(cluster, "jobs").settings.replicas == 0
 
 
 async def test_loop_clients_for_a_cluster_are_refused_at_construction() -> None:
     clients = LoopClients.cluster("redis://127.0.0.1:1")  # never connects
-    with pytest.raises(ValueError, match="'jobs': replicas=2 is not supported on Redis Cluster"):
+    with pytest.raises(
+        ValueError, match="'jobs': replicas is 2, but the lock is on a Redis Cluster"
+    ):
         FifoLock(clients, "jobs", replicas=2)
-    with pytest.raises(ValueError, match="'jobs': replicas=2 is not supported on Redis Cluster"):
+    with pytest.raises(
+        ValueError, match="'jobs': replicas is 2, but the lock is on a Redis Cluster"
+    ):
         SyncFifoLock(clients, "jobs", replicas=2)
 
 

@@ -8,6 +8,8 @@ from django.apps import AppConfig
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
+from example_project import telemetry
+
 
 def use_sqlite_wal(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """Put SQLite into write-ahead-log mode on every new connection.
@@ -23,12 +25,14 @@ def use_sqlite_wal(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) 
 
 
 class InvoicesConfig(AppConfig):
-    """Registers the SQLite connection set-up."""
+    """Registers the SQLite connection set-up, and records the lock's metrics
+    when the demo asks for them (``example_project.telemetry``)."""
 
     name = "example_project.invoices"
     label = "invoices"
     verbose_name = "Invoices"
 
     def ready(self) -> None:
-        """Connect the SQLite set-up to new connections."""
+        """Connect the SQLite set-up to new connections; start recording metrics."""
         connection_created.connect(use_sqlite_wal, dispatch_uid="invoices-sqlite-wal")
+        telemetry.install()

@@ -4,12 +4,10 @@ The Celery task, the view and the management command all call
 ``issue_invoice`` while holding the same lock; see each of them for how they
 take it.
 
-One lock, two ways of naming it: the Django side (``cache.fifo_lock`` and
-``fifo_locked_command``) turns ``INVOICE_LOCK`` into a cache key, so its lock
-in Redis is called ``cache.make_key("invoices")`` - ``":1:invoices"`` with the
-default ``KEY_PREFIX`` and ``VERSION`` - while ``@fifo_locked`` uses the name it
-is given as it is. The Celery task is therefore given
-``fifolock_django.lock_name(INVOICE_LOCK)``, the name the Django side uses.
+One lock, one name: every surface takes ``INVOICE_LOCK``. The Django side
+(``cache.fifo_lock`` and ``fifo_locked_command``) turns it into a cache key -
+``":1:invoices"`` in Redis with the default ``KEY_PREFIX`` and ``VERSION`` - and
+``@fifo_locked`` does the same on the same cache, as the project runs Django.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ def invoice_lock(timeout: float | None = LOCK_TIMEOUT_S) -> CacheFifoLock:
 
     Its ``.name`` is the lock's name in Redis (the cache key of ``INVOICE_LOCK``).
     """
-    return lock_cache().fifo_lock(INVOICE_LOCK, timeout)
+    return lock_cache().fifo_lock(INVOICE_LOCK, timeout, name_template=INVOICE_LOCK)
 
 
 class StaleLease(RuntimeError):

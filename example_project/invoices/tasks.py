@@ -1,10 +1,10 @@
 """The Celery surface: one task, one invoice, under ``@fifo_locked``.
 
-``lock_name(INVOICE_LOCK)`` is the name in Redis of the lock that
-``cache.fifo_lock(INVOICE_LOCK)`` takes (the cache key, ``":1:invoices"`` with
-the default ``KEY_PREFIX`` and ``VERSION``), so the task queues with the view
-and the command on one lock. ``CELERY_FIFO_LOCK_REDIS_URL`` points at the
-cache's server and database (see ``example_project.settings``).
+The task takes ``INVOICE_LOCK`` by its plain name, as the view and the command
+do: in a Django project ``fifolock_celery`` locks on the cache that
+``FIFOLOCK['CACHE']`` names, with its server, namespace and key function (see
+``fifolock_celery.under_django``), so the three queue on one lock with no
+Celery lock setting.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from celery.signals import task_postrun, task_prerun
 
 from example_project.celery import app
 from fifolock_celery import current_lease, fifo_locked
-from fifolock_django import lock_name
 
 from .models import Source
 from .services import INVOICE_LOCK, LOCK_TIMEOUT_S, issue_invoice
@@ -40,7 +39,7 @@ def _forget_start(task_id: str, **kwargs: Any) -> None:
 
 
 @app.task(bind=True)
-@fifo_locked(lock_name(INVOICE_LOCK), timeout=LOCK_TIMEOUT_S)
+@fifo_locked(INVOICE_LOCK, timeout=LOCK_TIMEOUT_S)
 def issue_invoice_task(self: Task[Any, Any]) -> dict[str, Any]:
     """Issue one invoice; returns its number, fence, ticket and the lock wait (ms)."""
     entered_ns = time.monotonic_ns()

@@ -19,8 +19,10 @@
 --         presumed dead) joins again at the back with a new call
 --
 -- Returns:
---   {1, fence, ticket, pttl_ms}  granted (now, or already: a re-sent acquire
---                                returns the same grant and never grants twice)
+--   {1, fence, ticket, pttl_ms, queued}
+--                                granted (now, or already: a re-sent acquire
+--                                returns the same grant and never grants twice);
+--                                queued: requests still queued behind it (a count)
 --   {0, ticket, holder_fence}    queued; the ticket is kept across re-sends;
 --                                holder_fence is the current holder's fence
 --   {-1, how}                    refused: this call's request already ended, or
@@ -61,7 +63,8 @@ if held[1] == token then
         redis.call('HSET', K_LEASE, 'call', call)
         redis.call('HSET', K_COUNTERS, 'holder_call', call)
     end
-    return {1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE)}
+    return {1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE),
+        redis.call('ZCARD', K_QUEUE)}
 end
 
 local ticket = queued
@@ -80,7 +83,7 @@ redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 local granted = grant_next(now, now_us, doorbell, token, false)
 touch(keep_ms)
 if granted and granted[1] == token then
-    return {1, granted[2], granted[3], granted[4]}
+    return {1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE)}
 end
 local holder = current_grant()
 return {0, ticket, holder and holder[2] or 0}

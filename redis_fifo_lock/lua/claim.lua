@@ -10,7 +10,9 @@
 -- ARGV[4] keep_ms: see acquire.lua
 --
 -- Returns:
---   {1, fence, ticket, pttl_ms}  held by this request; the lease lives pttl_ms more
+--   {1, fence, ticket, pttl_ms, queued}
+--                                held by this request; the lease lives pttl_ms more;
+--                                queued: requests still queued behind it (a count)
 --   {0, queued_ticket}           not held by it; queued_ticket is the request's
 --                                ticket if it is still queued, else 0 (its grant
 --                                expired unclaimed, or it was dropped or ended)
@@ -29,4 +31,4 @@ end
 local ttl = math.min(lease_ms, remaining)
 redis.call('PEXPIRE', K_LEASE, ttl)
 touch(keep_ms)
-return {1, tonumber(held[3]), ticket, ttl}
+return {1, tonumber(held[3]), ticket, ttl, redis.call('ZCARD', K_QUEUE)}

@@ -12,7 +12,8 @@
 -- ARGV[7] floor: the releasing process's floor (see lib.lua)
 --
 -- Returns {outcome} or, when the lock went to a waiter of `session`,
--- {outcome, token, fence, ticket, pttl_ms, call}; outcome is:
+-- {outcome, token, fence, ticket, pttl_ms, call, queued} (queued: requests still
+-- queued behind that grant, a count); outcome is:
 --    1  released (and handed off if anyone was waiting)
 --    0  this lease was already released: a re-sent release (hands off if the
 --       first one freed the lock without doing so), or a late copy of one
@@ -43,6 +44,7 @@ end
 local granted = grant_next(now, now_us, doorbell, false, session)
 touch(keep_ms)
 if granted and granted[6] == session then
-    return {result, granted[1], granted[2], granted[3], granted[4], granted[5]}
+    return {result, granted[1], granted[2], granted[3], granted[4], granted[5],
+        redis.call('ZCARD', K_QUEUE)}
 end
 return {result}

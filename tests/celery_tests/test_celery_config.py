@@ -27,7 +27,6 @@ from fifolock_celery import (
     FifoLockedTask,
     LockConfig,
     LockServer,
-    clients_for,
     current_lease,
     fifo_locked,
     lock_for,
@@ -55,7 +54,7 @@ def test_the_lock_server_defaults_to_a_redis_broker() -> None:
 
     config = LockConfig.from_app(app, "jobs")
 
-    assert config.server == LockServer("redis://broker.example:6379/4")
+    assert config.server == LockServer.server("redis://broker.example:6379/4")
     assert (config.settings.lease_ms, config.settings.poll_ms) == (60_000, 30_000)
 
 
@@ -70,7 +69,7 @@ def test_fifo_lock_redis_url_wins_over_the_broker_and_reads_the_django_namespace
 
     config = LockConfig.from_app(app, "jobs", poll_ms=1000)
 
-    assert config.server == LockServer("rediss://locks.example/0")
+    assert config.server == LockServer.server("rediss://locks.example/0")
     assert (config.settings.lease_ms, config.settings.poll_ms) == (9000, 1000)
 
 
@@ -112,7 +111,11 @@ def test_inconsistent_merged_settings_are_refused_with_the_lock_name() -> None:
 
     with pytest.raises(ValueError, match=r"'jobs'.*poll_ms"):
         LockConfig.from_app(app, "jobs", poll_ms=800)
-    with pytest.raises(ValueError, match=r"'jobs': replica_wait_ms \(400\) must be at most a"):
+    with pytest.raises(
+        ValueError,
+        match=r"'jobs': @fifo_locked\(replica_wait_ms=\.\.\.\) \(400\) must be at most a third "
+        r"of fifo_lock_lease_ms \(1000\)",
+    ):
         LockConfig.from_app(app, "jobs", poll_ms=500, replica_wait_ms=400)
 
 
@@ -226,21 +229,21 @@ def test_eager_self_retry_releases_before_the_retry_runs(app: Celery, log: Log) 
     assert fence == holds[1].fence
 
 
-def test_each_app_and_url_has_one_loop_clients_per_process(app: Celery) -> None:
+def test_equal_lock_servers_share_one_loop_clients_per_process(app: Celery) -> None:
     other = Celery("other", broker=app.conf.broker_url)
-    server = LockServer(app.conf.broker_url)
+    clients = LockConfig.from_app(app, "jobs").server.clients()
 
-    assert clients_for(app, server) is clients_for(app, LockServer(app.conf.broker_url))
-    assert clients_for(app, server) is not clients_for(other, server)
-    timeout = LockServer(app.conf.broker_url + "?socket_timeout=5")
-    assert clients_for(app, server) is not clients_for(app, timeout)
+    assert clients is LockServer.server(app.conf.broker_url).clients()
+    assert clients is LockConfig.from_app(other, "jobs").server.clients()
+    timeout = LockServer.server(app.conf.broker_url + "?socket_timeout=5")
+    assert clients is not timeout.clients()
 
 
 def test_a_forked_child_builds_its_own_portal_and_clients(app: Celery) -> None:
     name = unique("fork")
     with lock_for(app, name).hold(timeout=5) as parent_lease:
         pass
-    parent_clients = clients_for(app, LockServer(app.conf.broker_url))
+    parent_clients = LockServer.server(app.conf.broker_url).clients()
     assert len(parent_clients) == 1
 
     pid = os.fork()
@@ -248,8 +251,8 @@ def test_a_forked_child_builds_its_own_portal_and_clients(app: Celery) -> None:
         code = 1
         try:
             signal.alarm(10)  # a child that hangs dies instead of hanging the test
+            fresh = len(parent_clients) == 0  # the parent's client is not the child's
             with lock_for(app, name).hold(timeout=5) as child_lease:
-                fresh = clients_for(app, LockServer(app.conf.broker_url)) is not parent_clients
                 code = 0 if fresh and child_lease.fence > parent_lease.fence else 2
         finally:
             os._exit(code)
@@ -421,14 +424,13 @@ def test_a_locked_task_class_takes_its_options_from_task_attributes(fresh_app: C
 
     spec = spec_of(post)
     assert spec is not None
-    assert (spec.name.template, spec.policy, spec.countdown, spec.timeout, spec.lease_ms) == (
+    assert (spec.name.template, spec.policy, spec.countdown, spec.timeout) == (
         "ledger-{customer_id}",
         "retry",
         7.0,
         0.0,
-        9000,
     )
-    assert (spec.replicas, spec.replica_wait_ms) == (1, None)
+    assert spec.options == {"lease_ms": 9000, "replicas": 1}
 
 
 def test_a_subclass_changing_only_options_relocks_the_same_body(fresh_app: Celery) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from fifolock_celery import REDIS_URL_SETTING, LockConfig, LockServer, fifo_locked, start_warnings
+from fifolock_celery import REDIS_URL_SETTING, LockConfig, fifo_locked, start_warnings
 from fifolock_celery.names import NameTemplate
-from fifolock_celery.server import ServerError
+from fifolock_celery.server import ServerError, lock_server
 from redis_fifo_lock import LockUsageError
 from tests.support.celery_worker import unique
 
@@ -38,7 +38,7 @@ def test_the_lock_server_and_config_never_show_a_password(
     config = LockConfig.from_app(app, "jobs")
 
     shown = [repr(config), repr(config.server), config.server.describe()]
-    shown.append(repr(config.server.loop_clients()))
+    shown.append(repr(config.server.clients()))
 
     assert all(SECRET not in text for text in shown), shown
     assert all("example" in text for text in shown[:3]), shown
@@ -46,7 +46,7 @@ def test_the_lock_server_and_config_never_show_a_password(
 
 def test_an_error_about_the_url_path_never_shows_the_password() -> None:
     with pytest.raises(ServerError, match="database number") as caught:
-        LockServer.parse(
+        lock_server(
             f"sentinel://:{SECRET}@s1.example/x;sentinel://s2.example", {"master_name": "m"}
         )
     assert SECRET not in str(caught.value)

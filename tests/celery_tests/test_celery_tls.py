@@ -4,7 +4,7 @@ sentinel to a TLS master), none sends AUTH in clear, and what the lock cannot fo
 is reported by the start checks, naming the setting.
 
 A worker adds nothing here: the lock is built exactly as ``@fifo_locked`` builds it
-(``lock_for`` / ``clients_for`` on the app's settings) and taken over TLS.
+(``lock_for`` / ``LockServer.clients`` from the app's settings) and taken over TLS.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from redis import Redis
 
-from fifolock_celery import LockConfig, clients_for, fifo_locked, lock_for, start_warnings
+from fifolock_celery import LockConfig, fifo_locked, lock_for, start_warnings
 from redis_fifo_lock import FifoLock, LockUsageError
 from redis_fifo_lock.testing import PrivateRedis
 from tests.support.tls import (
@@ -125,7 +125,7 @@ def test_the_lock_works_on_a_tls_master_found_through_sentinel(
 async def test_no_form_sends_auth_in_clear(tls_server: TlsRedis, form: str) -> None:
     with recording_listener() as listener:
         app = app_for(tls_server, listener.port, form)
-        clients = clients_for(app, LockConfig.from_app(app, "tap").server)
+        clients = LockConfig.from_app(app, "tap").server.clients()
         await first_bytes(listener, FifoLock(clients, "tap").acquire(timeout=30))
         await clients.aclose()
         assert_only_tls(listener, tls_server.password)

@@ -53,14 +53,17 @@ def test_a_sentinel_broker_and_its_transport_options_are_the_default_lock_server
 
     server = LockConfig.from_app(app, "jobs").server
 
-    assert server == LockServer(
-        SENTINELS, master_name="mymaster", sentinel_kwargs={"password": "sentinel-pw"}
+    assert server == LockServer.sentinel(
+        [("s1.example", 26379), ("s2.example", 26379)],
+        "mymaster",
+        sentinel_kwargs={"password": "sentinel-pw"},
+        db=4,
+        password="pw",
     )
     assert server.describe() == (
-        "master 'mymaster' of the sentinels "
-        "'sentinel://:***@s1.example:26379/4;sentinel://s2.example'"
+        "master 'mymaster' of the sentinels s1.example:26379, s2.example:26379"
     )
-    clients = server.loop_clients()
+    clients = server.clients()
     assert clients.url == "sentinel://mymaster"
     assert clients.connection_kwargs == {"db": 4, "password": "pw"}
 
@@ -70,7 +73,7 @@ def test_fifo_lock_transport_options_win_over_the_broker_s() -> None:
     app.conf.broker_transport_options = {"master_name": "broker-master"}
     app.conf.fifo_lock_transport_options = {"master_name": "lock-master"}
 
-    assert LockConfig.from_app(app, "jobs").server.master_name == "lock-master"
+    assert LockConfig.from_app(app, "jobs").server.service_name == "lock-master"
 
 
 def test_a_sentinel_lock_url_of_its_own_takes_no_options_from_the_broker() -> None:
@@ -87,7 +90,7 @@ def test_the_broker_url_named_again_for_the_locks_keeps_the_broker_s_options() -
     app.conf.broker_transport_options = {"master_name": "mymaster"}
     app.conf.fifo_lock_redis_url = SENTINELS
 
-    assert LockConfig.from_app(app, "jobs").server.master_name == "mymaster"
+    assert LockConfig.from_app(app, "jobs").server.service_name == "mymaster"
 
 
 def test_the_cluster_transport_option_makes_each_url_a_cluster_node() -> None:
@@ -101,9 +104,9 @@ def test_the_cluster_transport_option_makes_each_url_a_cluster_node() -> None:
 
     server = LockConfig.from_app(app, "jobs").server
 
-    assert server == LockServer("redis://n1:7000;redis://n2:7001", cluster=True)
+    assert server == LockServer.cluster(["redis://n1:7000", "redis://n2:7001"])
     assert server.topology == "cluster"
-    assert server.loop_clients().url == "redis://n1:7000"
+    assert server.clients().url == "redis://n1:7000"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +138,7 @@ def test_lock_server_settings_that_cannot_work_are_refused_naming_the_settings(
 
 
 def test_replicas_on_a_redis_cluster_are_refused_naming_where_they_came_from() -> None:
-    # The core would refuse them only at the first acquire; nothing connects here.
+    # Nothing connects here.
     app = Celery("t", broker="redis://broker.example/1")
     app.conf.fifo_lock_redis_url = "redis://n1:7000"
     app.conf.fifo_lock_transport_options = {"cluster": True}
@@ -152,12 +155,12 @@ def test_replicas_on_a_redis_cluster_are_refused_naming_where_they_came_from() -
     [message] = [text for text in start_warnings(app) if text.startswith(f"task {job.name}:")]
 
     assert str(setting.value).startswith(
-        "FIFO lock 'jobs': fifo_lock_replicas is 2, but the locks are on a Redis Cluster "
-        "(Redis Cluster 'redis://n1:7000'), where a lock cannot wait for replicas"
+        "FIFO lock 'jobs': fifo_lock_replicas is 2, but the lock is on a Redis Cluster "
+        "(Redis Cluster redis://n1:7000), where a lock cannot wait for replicas"
     )
     assert message.startswith(
         f"task {job.name}: every execution will fail: FIFO lock 'jobs': "
-        "@fifo_locked(replicas=...) is 1, but the locks are on a Redis Cluster"
+        "@fifo_locked(replicas=...) is 1, but the lock is on a Redis Cluster"
     )
 
 

@@ -53,3 +53,10 @@ CACHES = caches_for(REDIS_URL, BACKEND)
 # Small timings so that a hold of a few tenths of a second spans several polls
 # and renewals (renewal every lease_ms / 3 = 200 ms).
 FIFOLOCK = {"LEASE_MS": 600, "POLL_MS": 100}
+
+# The project's Celery app (``django_app.tasks``) reads the CELERY_* settings.
+# No CELERY_FIFO_LOCK_REDIS_URL: the tasks lock where the default cache does.
+CELERY_BROKER_URL = os.environ.get("FIFOLOCK_TEST_BROKER_URL", "memory://")
+CELERY_RESULT_BACKEND = os.environ.get("FIFOLOCK_TEST_BROKER_URL", "cache+memory://")
+CELERY_FIFO_LOCK_LEASE_MS = 3000
+CELERY_FIFO_LOCK_POLL_MS = 500

@@ -9,4 +9,5 @@ from . import views
 urlpatterns = [
     path("sync/", views.sync_increment),
     path("async/", views.async_increment),
+    path("invoice/", views.issue_invoice),
 ]

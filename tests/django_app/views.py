@@ -41,3 +41,21 @@ async def async_increment(request: HttpRequest) -> JsonResponse:
         await cache.aset(COUNTER, value + 1)
         await sync_to_async(record.leave)("async", lease)
     return JsonResponse({"fence": lease.fence, "ticket": lease.ticket, "value": value + 1})
+
+
+INVOICES = "invoices"
+"""The lock of the invoice view and of ``django_app.tasks.issue_invoice``: a plain name."""
+ISSUED = "issued"
+"""The cached count of invoices issued, by views and tasks together."""
+
+
+def issue_invoice(request: HttpRequest) -> JsonResponse:
+    """Issue an invoice from a view, holding ``cache.fifo_lock("invoices")``."""
+    hold_s = float(request.GET.get("hold", "0.2"))
+    with cache.fifo_lock(INVOICES) as lease:
+        record.enter("view", lease)
+        value = cache.get(ISSUED, 0)
+        time.sleep(hold_s)  # the slow work the lock protects
+        cache.set(ISSUED, value + 1)
+        record.leave("view", lease)
+    return JsonResponse({"fence": lease.fence, "value": value + 1})

@@ -26,11 +26,11 @@ from redis.asyncio.connection import SSLConnection
 
 import fifolock_django
 from fifolock_django import builtin, cache
-from fifolock_django.connection import LockConnection, shared_clients
 from fifolock_django.lock import SupportsFifoLock, lock_cache
 from redis_fifo_lock import (
     Lease,
     LeaseLost,
+    LockServer,
     LockSettings,
     LockTimeout,
     LockUsageError,
@@ -173,9 +173,13 @@ def test_a_bad_name_timeout_or_lock_option_is_refused_before_any_io(counter_cach
         counter_cache.fifo_lock("reports", timeout=-1)
     with pytest.raises(ValueError, match="poll_ms"):
         counter_cache.fifo_lock("reports", poll_ms=400)
-    with pytest.raises(ValueError, match="replicas must be 0 or more, got -1"):
+    with pytest.raises(ValueError, match=r"fifo_lock\(replicas=\.\.\.\) must be 0 or more, got -1"):
         counter_cache.fifo_lock("reports", replicas=-1)
-    with pytest.raises(ValueError, match=r"replica_wait_ms \(300\) must be at most a third"):
+    with pytest.raises(
+        ValueError,
+        match=r"fifo_lock\(replica_wait_ms=\.\.\.\) \(300\) must be at most a third of "
+        r"FIFOLOCK\['LEASE_MS'\] \(600\)",
+    ):
         counter_cache.fifo_lock("reports", replicas=1, replica_wait_ms=300)
 
 
@@ -323,7 +327,7 @@ def test_django_redis_connection_settings_come_from_location_and_options() -> No
     }
     connection = cache.connection_settings("redis://primary:6379/4,redis://replica:6379/4", options)
 
-    assert connection == LockConnection.server(
+    assert connection == LockServer.server(
         "redis://primary:6379/4",
         username="app",
         password="s3cret",
@@ -346,10 +350,10 @@ def test_builtin_connection_settings_are_its_pool_options_less_the_sync_only_one
     }
     connection = builtin.connection_settings("redis://primary:6379;redis://replica:6379", options)
 
-    assert connection == LockConnection.server(
+    assert connection == LockServer.server(
         "redis://primary:6379", db=4, password="s3cret", socket_timeout=5, max_connections=20
     )
-    assert builtin.connection_settings(["redis://a", "redis://b"], {}) == LockConnection.server(
+    assert builtin.connection_settings(["redis://a", "redis://b"], {}) == LockServer.server(
         "redis://a"
     )
 
@@ -454,11 +458,11 @@ def test_lock_cache_names_the_setting_to_fix_for_a_cache_without_fifo_lock() -> 
 
 
 def test_shared_clients_are_one_per_configuration() -> None:
-    first = shared_clients(LockConnection.server("redis://127.0.0.1:1/0", socket_timeout=1))
-    again = LockConnection.server("redis://127.0.0.1:1/0", socket_timeout=1)
-    other = LockConnection.server("redis://127.0.0.1:1/0", socket_timeout=2)
-    assert shared_clients(again) is first
-    assert shared_clients(other) is not first
+    first = LockServer.server("redis://127.0.0.1:1/0", socket_timeout=1).clients()
+    again = LockServer.server("redis://127.0.0.1:1/0", socket_timeout=1)
+    other = LockServer.server("redis://127.0.0.1:1/0", socket_timeout=2)
+    assert again.clients() is first
+    assert other.clients() is not first
 
 
 # --- FIFOLOCK setting ------------------------------------------------------------------

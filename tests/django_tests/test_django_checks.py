@@ -109,10 +109,11 @@ def test_replicas_on_a_redis_cluster_cache_are_reported_naming_the_setting() -> 
     with override_settings(CACHES=cluster, FIFOLOCK={"REPLICAS": 1}):
         assert fifolock_messages() == [
             Error(
-                "FIFOLOCK['REPLICAS'] is 1, but cache 'default' keeps its FIFO locks on a "
-                "Redis Cluster (Redis Cluster redis://n1.example:7000), where a lock cannot "
-                "wait for replicas: its fifo_lock() raises ImproperlyConfigured unless given "
-                "replicas=0.",
+                "Cache 'default' cannot make FIFO locks with FIFOLOCK['REPLICAS']: "
+                "FIFOLOCK['REPLICAS'] is 1, but the lock is on a Redis Cluster (Redis Cluster "
+                "redis://n1.example:7000), where a lock cannot wait for replicas (WAIT cannot "
+                "follow the lock's script on its connection there); set it to 0, or pass "
+                "replicas=0 to this cache's fifo_lock() calls.",
                 hint="Set FIFOLOCK['REPLICAS'] to 0, or pass replicas=0 to every fifo_lock() "
                 "on cache 'default'.",
                 id="fifolock.E007",
