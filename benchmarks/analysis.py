@@ -38,9 +38,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+_CUTS = 1000
+"""``statistics.quantiles`` cut points: one every 0.1 percent."""
 
 PERCENTILES = (0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0)
 """Points of each latency distribution kept in the JSON results (percent)."""
@@ -95,24 +99,44 @@ class Hold:
         ]
 
 
+_CUTS = 1000
+"""``statistics.quantiles`` cut points per distribution: one every 0.1 percent."""
+
+
 def quantile(values: Sequence[float], percent: float) -> float:
-    """The ``percent`` percentile of ``values`` (linear interpolation, as numpy's
-    default). Raises ``ValueError`` on an empty sequence."""
+    """The ``percent`` percentile of ``values`` (0 to 100, in steps of 0.1),
+    linearly interpolated as numpy's default (``statistics.quantiles``'
+    inclusive method).
+
+    Raises:
+        ValueError: on an empty sequence, or a percent off the 0-100, 0.1 grid.
+    """
     if not values:
         raise ValueError("quantile of no values")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * percent / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return distribution(values, (percent,))[f"p{percent:g}"]
 
 
-def distribution(values: Sequence[float]) -> dict[str, float]:
-    """``{"p50": ..., ...}`` at the points of ``PERCENTILES``; empty for no values."""
+def distribution(
+    values: Sequence[float], points: Sequence[float] = PERCENTILES
+) -> dict[str, float]:
+    """``{"p50": ..., ...}`` at ``points`` (percent; default ``PERCENTILES``),
+    as ``quantile`` computes them; empty for no values.
+
+    Raises:
+        ValueError: for a point off the 0-100, 0.1 grid.
+    """
     if not values:
         return {}
     ordered = sorted(values)
-    return {f"p{point:g}": quantile(ordered, point) for point in PERCENTILES}
+    inner = statistics.quantiles(ordered, n=_CUTS, method="inclusive") if len(ordered) > 1 else []
+    cuts = [ordered[0], *inner, ordered[-1]] if inner else [ordered[0]] * (_CUTS + 1)
+    result = {}
+    for point in points:
+        step = round(point * _CUTS / 100)
+        if not 0 <= step <= _CUTS or not math.isclose(step * 100 / _CUTS, point):
+            raise ValueError(f"percentiles are 0 to 100 in steps of 0.1, not {point}")
+        result[f"p{point:g}"] = float(cuts[step])
+    return result
 
 
 def fifo_violations(

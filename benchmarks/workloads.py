@@ -179,13 +179,14 @@ def measure_ping(url: str, samples: int, parser: Parser) -> dict[str, Any]:
 # --- 2. uncontended -----------------------------------------------------------------------------
 
 
-class CommandWatch:
-    """Records the commands clients send, with ``MONITOR``, between two markers."""
+class MonitorLog:
+    """Every command the server receives (``MONITOR``) between two markers of
+    its own, as (command, client address, client type) tuples."""
 
     def __init__(self, url: str) -> None:
         self._client = redis.Redis.from_url(url, client_name=MONITOR_NAME)
-        self._marker = f"bench-mark-{secrets.token_hex(4)}"
-        self.commands: list[str] = []
+        self._marker = f"bench-log-{secrets.token_hex(4)}"
+        self.entries: list[tuple[str, str, str]] = []
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="bench-monitor", daemon=True)
 
@@ -193,17 +194,18 @@ class CommandWatch:
         inside = False
         with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
             self._ready.set()
-            for _ in range(1_000_000):
+            for _ in range(10_000_000):
                 entry = monitor.next_command()
                 command = str(entry["command"])
                 if self._marker in command:
                     if inside:
                         return
                     inside = True
-                elif inside and entry["client_type"] != "lua":
-                    self.commands.append(command.split(" ", 1)[0].upper())
+                elif inside:
+                    address = f"{entry['client_address']}:{entry['client_port']}"
+                    self.entries.append((command, address, str(entry["client_type"])))
 
-    def __enter__(self) -> CommandWatch:
+    def __enter__(self) -> MonitorLog:
         self._thread.start()
         if not self._ready.wait(10):
             raise BenchError("MONITOR did not start")
@@ -213,8 +215,17 @@ class CommandWatch:
 
     def __exit__(self, *exc: object) -> None:
         self._client.echo(self._marker)
-        self._thread.join(10)
+        self._thread.join(30)
         self._client.close()
+
+    def commands(self) -> list[str]:
+        """The names (upper case) of the commands clients sent, in order; not
+        those a script ran."""
+        return [
+            command.split(" ", 1)[0].upper()
+            for command, _address, client_type in self.entries
+            if client_type != "lua"
+        ]
 
 
 def per_iteration(commands: list[str], iterations: int) -> dict[str, float]:
@@ -231,7 +242,7 @@ def measure_uncontended(
     """Time acquire + release with nobody else around, then count its commands."""
     conn = Connection(url, "bench-uncontended", parser)
     times: list[int] = []
-    watch = CommandWatch(url)
+    watch = MonitorLog(url)
     n, warm, watched = (
         size.uncontended_iterations,
         size.uncontended_warmup,
@@ -271,7 +282,7 @@ def measure_uncontended(
             for _ in range(watched):
                 lock.acquire()
                 lock.release()
-    commands = per_iteration(watch.commands, watched)
+    commands = per_iteration(watch.commands(), watched)
     return {
         "iterations": n,
         "p50_us": quantile(times, 50) / 1000,
@@ -435,46 +446,6 @@ def combine_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- 4. hand-off commands ---------------------------------------------------------------------
-
-
-class MonitorLog:
-    """Every command the server receives (``MONITOR``) between two markers of
-    its own, as (command, client address, client type) tuples."""
-
-    def __init__(self, url: str) -> None:
-        self._client = redis.Redis.from_url(url, client_name=MONITOR_NAME)
-        self._marker = f"bench-log-{secrets.token_hex(4)}"
-        self.entries: list[tuple[str, str, str]] = []
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="bench-monitor", daemon=True)
-
-    def _watch(self) -> None:
-        inside = False
-        with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
-            self._ready.set()
-            for _ in range(10_000_000):
-                entry = monitor.next_command()
-                command = str(entry["command"])
-                if self._marker in command:
-                    if inside:
-                        return
-                    inside = True
-                elif inside:
-                    address = f"{entry['client_address']}:{entry['client_port']}"
-                    self.entries.append((command, address, str(entry["client_type"])))
-
-    def __enter__(self) -> MonitorLog:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise BenchError("MONITOR did not start")
-        time.sleep(0.05)
-        self._client.echo(self._marker)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._client.echo(self._marker)
-        self._thread.join(30)
-        self._client.close()
 
 
 def handoff_windows(

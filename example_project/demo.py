@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from types import FrameType
 from typing import Any
 
 from example_project import report, telemetry
+from redis_fifo_lock.testing import free_port, private_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: put on the children's PYTHONPATH."""
@@ -262,13 +262,6 @@ def exited(children: Children, name: str, process: subprocess.Popen[bytes]) -> s
     if code is None:
         return None
     return f"{name} exited with status {code}; its log ends:\n{children.log_tail(name)}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start_worker(children: Children, node: str, workers: int) -> subprocess.Popen[bytes]:
@@ -547,8 +540,6 @@ def say(message: str, end: str = "\n") -> None:
 @contextmanager
 def redis_server() -> Iterator[str]:
     """``$REDIS_URL`` if set, else a private server for the duration of the block."""
-    from redis_fifo_lock.testing import private_redis_server
-
     url = os.environ.get("REDIS_URL")
     if url:
         say(f"redis   using REDIS_URL={url}")
@@ -697,12 +688,12 @@ def check_lock_idle(rows: Sequence[report.Row]) -> report.Check:
 
     status = invoice_lock().sync_lock().status()
     last = max((row.fence for row in rows), default=0)
-    ok = not status.held and status.waiting == 0 and status.fence == last
+    ok = not status.held and status.waiting == 0 and status.last_fence == last
     return report.Check(
         "lock idle",
         ok,
         f"{status.name!r}: held={status.held}, waiting={status.waiting}, "
-        f"last fence {status.fence} (stored: {last})",
+        f"last fence {status.last_fence} (stored: {last})",
     )
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast, overlo
 from celery import Celery, Task
 from celery._state import get_current_task
 
-from redis_fifo_lock import LockOptions, LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock import LockOptions, LockTimeout, LockUsageError, SyncFifoLock, describing
 from redis_fifo_lock.lock import check_timeout
 from redis_fifo_lock.settings import Spelling, given_options
 
@@ -213,7 +213,8 @@ def run_locked(
     lock = spec.lock(task, spec.name.format(args, kwargs, task.name))
     started = time.monotonic()
     try:
-        lease = acquire(lock, spec.timeout)
+        with describing(f"celery task {task.name}[{task.request.id}]"):
+            lease = acquire(lock, spec.timeout)
     except LockTimeout as busy:
         return contended(task, spec.policy, spec.countdown, busy)
     granted(task, spec.policy, lease, time.monotonic() - started)
@@ -275,7 +276,11 @@ def fifo_locked(
     lock is released when the body returns or raises anything, including the
     ``celery.exceptions.Retry`` raised by ``self.retry()`` (the retry waits its
     turn like any other execution). A task waiting for the lock occupies its
-    worker slot (process or thread) while it waits.
+    worker slot (process or thread) while it waits. The grant records
+    ``celery task <name>[<id>]`` as its holder (``LockStatus.holder``). Locks
+    are not reentrant: the body taking its own lock again (another locked task
+    run inline, or the core's lock without a timeout) raises ``LockUsageError``
+    at once.
 
     Args:
         name: the lock name (str), or a template whose ``{fields}`` name the

@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from redis_fifo_lock import LockError, LockTimeout
+from redis_fifo_lock import LockError, LockTimeout, describing
 from redis_fifo_lock.lock import check_timeout
 from redis_fifo_lock.settings import check_name
 
@@ -49,6 +49,9 @@ def fifo_locked_command(
     ``Lease`` (``.fence`` is the fencing token to hand to what you protect).
     ``name``, fixed in the code, is also the lock's ``name_template`` in its
     OpenTelemetry metrics (``redis_fifo_lock.metrics``).
+    The grant records ``manage.py <command>`` as its holder (``fifolock
+    status`` shows it). Locks are not reentrant: ``handle`` taking the same
+    lock again without a timeout raises ``LockUsageError`` at once.
 
     Raises:
         ValueError: at decoration, for a bad ``name`` or ``timeout``.
@@ -144,11 +147,17 @@ class LockedHandle:
         lock = lock_cache(self.cache).fifo_lock(self.name, timeout, name_template=self.name)
         with ExitStack() as stack:
             try:
-                lease = stack.enter_context(lock)
+                with describing(f"manage.py {command_name(command)}"):
+                    lease = stack.enter_context(lock)
             except LockTimeout as exc:
                 raise CommandError(busy_message(self.name, lock, exc)) from exc
             command.fifo_lease = lease  # type: ignore[attr-defined]
             return self.handle(command, *args, **options)
+
+
+def command_name(command: BaseCommand) -> str:
+    """The name ``manage.py`` knows ``command`` by: its module's last part (str)."""
+    return type(command).__module__.rpartition(".")[2]
 
 
 def lock_timeout_option(options: dict[str, Any], default: float | None) -> float | None:

@@ -17,6 +17,7 @@ from .errors import (
     NotReplicated,
     RedisUnavailable,
 )
+from .holder import describing
 from .lease import Lease, LockStatus
 from .lock import FifoLock
 from .server import LockServer
@@ -39,4 +40,5 @@ __all__ = [
     "RedisUnavailable",
     "SyncFifoLock",
     "acl_rules",
+    "describing",
 ]

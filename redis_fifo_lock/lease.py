@@ -193,19 +193,33 @@ class LockStatus:
     Attributes:
         name: the lock name (str).
         held: whether someone holds the lock now (bool).
-        fence: the last fence ever granted for this name (int; 0 if never).
+        last_fence: the last fence ever granted for this name (int; 0 if never;
+            the holder's own fence is ``holder_fence``).
         waiting: how many requests are queued (int; may include waiters whose
             process died and that will be skipped at the next hand-off).
         holder_fence: fence (int) of the current holder, None when not held.
         holder_ticket: ticket (int) of the current holder, None when not held.
         lease_left_ms: milliseconds (int) before the current lease expires
             unless renewed, None when not held.
+        holder: what the current holder recorded about itself (str: host,
+            process id, and the task, command or request path where the
+            integration knows it; at most 256 bytes, no control characters), ""
+            if it recorded nothing, None when not held. For people to read:
+            anyone who can write to Redis can write it, so never decide on it.
+        live_waiting: how many of the ``waiting`` requests belong to a process
+            that is still alive (int): it refreshed its liveness within the
+            last ``lease_ms``.
+        known: False when Redis has no key of this lock at all (bool): the name
+            was never used, or has been idle longer than ``keep_ms``.
     """
 
     name: str
     held: bool
-    fence: int
+    last_fence: int
     waiting: int
     holder_fence: int | None = None
     holder_ticket: int | None = None
     lease_left_ms: int | None = None
+    holder: str | None = None
+    live_waiting: int = 0
+    known: bool = True

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
-from . import metrics
+from . import metrics, reentry
 from .calls import call_ids
 from .clients import LoopClients
 from .connection import masked_url
@@ -41,6 +41,7 @@ from .errors import (
     NotReplicated,
     RedisUnavailable,
 )
+from .holder import holder_description
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
 from .protocol import (
@@ -309,25 +310,41 @@ class FifoLock:
                 withdrawn as soon as Redis answers again, unless it is retried
                 with the same ``token`` first.
             LockUsageError: ``token`` is already waiting in this process, or
-                names a request that already ended (a token names one request).
+                names a request that already ended (a token names one request);
+                or, with no ``timeout``, this task already holds the lock or
+                waits for it (locks are not reentrant, and it would wait for
+                itself for ever; see ``reentry``), before anything is sent.
             ValueError: for a bad ``timeout`` or ``token``.
 
         On cancellation the request is withdrawn (and a grant that landed
         meanwhile is handed on at once) before ``CancelledError`` propagates.
+
+        The request records a description of the caller for onlookers
+        (``LockStatus.holder``): host, process id, and what ``describing()``
+        says of the running context.
         """
         wait_s = check_timeout(timeout)
-        token = secrets.token_hex(16) if token is None else check_token(token)
+        given = None if token is None else check_token(token)
+        token = given or secrets.token_hex(16)
+        holder = holder_description()
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = None if wait_s is None else started + wait_s
         hub = hub_for(self.client)
         group = hub.group(self.keys, self.settings, self._protocol)
         waiter = group.join(token)
-        with metrics.Waiting(self.labels, self.keys):
+        waiter.holder = holder
+        try:
+            claim = reentry.claim(self.keys, holder, token=given, timeout=wait_s)
             try:
-                lease = await self._acquire(hub, group, waiter, started, deadline)
-            finally:
-                group.leave(token)
+                with metrics.Waiting(self.labels, self.keys):
+                    lease = await self._acquire(hub, group, waiter, started, deadline)
+            except BaseException:
+                claim.failed()
+                raise
+        finally:
+            group.leave(token)
+        claim.granted(lease)
         if _cancelling():
             # Cancelled while the call that granted it was in flight, and the
             # cancellation was swallowed on the way (redis-py and asyncio.wait_for
@@ -613,9 +630,55 @@ class FifoLock:
         return LockStatus(
             name=self.name,
             held=grant is not None,
-            fence=reply.last_fence,
+            last_fence=reply.last_fence,
             waiting=reply.waiting,
             holder_fence=grant.fence if grant else None,
             holder_ticket=grant.ticket if grant else None,
             lease_left_ms=grant.pttl_ms if grant else None,
+            holder=reply.description if grant else None,
+            live_waiting=reply.live_waiting,
+            known=reply.known,
         )
+
+    async def force_release(self, fence: int | None = None) -> int | None:
+        """Free the lock whoever holds it - for an operator breaking a stuck lock.
+
+        The lock goes to the next live waiter at once, with a higher fence. The
+        evicted holder is not told: its next renewal is refused, which sets its
+        ``lease.lost``, and its ``release()`` raises ``LeaseLost``. Exclusion
+        is broken for as long as the evicted holder goes on working: use it only
+        on a holder that is stuck, or whose resource checks fences.
+
+        Args:
+            fence: evict only the grant with this fence (int), so that a lock
+                that changed hands since you looked is left alone; None (default)
+                evicts whoever holds it.
+
+        Returns:
+            the evicted grant's fence (int), or None when nothing was evicted
+            (nobody held the lock, or its holder's fence is not ``fence``).
+
+        Raises:
+            RedisUnavailable: Redis could not be reached; nothing was changed,
+                or the eviction may have happened (check with ``status()``).
+            ValueError: ``fence`` is not a positive int.
+        """
+        if fence is not None and (
+            isinstance(fence, bool) or not isinstance(fence, int) or fence < 1
+        ):
+            raise ValueError(
+                f"FIFO lock {self.name!r}: fence must be a positive int, got {fence!r}"
+            )
+        hub = hub_for(self.client)
+        async with hub.urgent:
+            evicted, _, holder = await self._protocol.force_release(
+                hub.client, self.keys, fence or 0, self.settings.keep_ms
+            )
+        if evicted is not None:
+            log.warning(
+                "FIFO lock %r: fence %d (held by %s) was forcibly released",
+                self.name,
+                evicted,
+                holder or "an undescribed holder",
+            )
+        return evicted

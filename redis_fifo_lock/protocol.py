@@ -192,12 +192,20 @@ class PollReply:
 
 @dataclass(frozen=True)
 class StatusReply:
-    """Read-only snapshot of the lock's keys."""
+    """Read-only snapshot of the lock's keys.
+
+    ``description`` is the holder's recorded description ("" when none);
+    ``live_waiting`` counts the queued requests whose process is alive;
+    ``known`` is False when no key of the name exists (never used, or expired).
+    """
 
     holder: str | None
     grant: Grant | None
     last_fence: int
     waiting: int
+    description: str = ""
+    live_waiting: int = 0
+    known: bool = True
 
 
 RELEASED, ALREADY_RELEASED, NOT_HELD = 1, 0, -1
@@ -209,8 +217,8 @@ ENDED_HOW = (
     "ended (its process had already settled it)",
 )
 """How a request ended, by the code the acquire script refuses a finished request with."""
-WITHDRAWN, GAVE_BACK, NOTHING = 1, 2, 0
-RENEWED, RENEW_REFUSED, MAX_HOLD_REACHED = 1, 0, -2
+WITHDRAWN, GAVE_BACK = 1, 2
+RENEWED = 1
 
 
 def _text(value: Any) -> str | None:
@@ -236,7 +244,16 @@ class Protocol:
     wait_ms: int = 0
 
     def __init__(self, **overrides: Script) -> None:
-        names = ("acquire", "claim", "release", "renew", "withdraw", "poll", "status")
+        names = (
+            "acquire",
+            "claim",
+            "release",
+            "renew",
+            "withdraw",
+            "poll",
+            "status",
+            "force_release",
+        )
         self.scripts = {name: overrides.get(name) or Script(f"{name}.lua") for name in names}
         self._variants: dict[tuple[int, int], Protocol] = {}
 
@@ -304,11 +321,14 @@ class Protocol:
         *,
         call: str,
         floor: str,
+        holder: str = "",
     ) -> tuple[Grant | None, int, int]:
         """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
 
         ``call``: id of this acquire call, "<session>/<seq>" (see lib.lua);
-        ``floor``: the session's floor for this lock (see ``Calls.floor``).
+        ``floor``: the session's floor for this lock (see ``Calls.floor``);
+        ``holder``: the caller's description, recorded for onlookers (see
+        ``holder.py``).
 
         Raises:
             NotReplicated: (with ``replicas``) granted, but not acknowledged by
@@ -326,6 +346,7 @@ class Protocol:
             settings.keep_ms,
             floor,
             call,
+            holder,
         )
         acked = 0
         if self.replicas:
@@ -466,7 +487,28 @@ class Protocol:
         reply = await self._call(client, keys, "status")
         holder = _text(reply[0])
         grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
-        return StatusReply(holder, grant, int(reply[4]), int(reply[5]))
+        return StatusReply(
+            holder,
+            grant,
+            int(reply[4]),
+            int(reply[5]),
+            _text(reply[6]) or "",
+            int(reply[7]),
+            bool(int(reply[8])),
+        )
+
+    async def force_release(
+        self, client: AsyncClient, keys: LockKeys, fence: int, keep_ms: int
+    ) -> tuple[int | None, int, str]:
+        """Evict the holder (only if its fence is ``fence``; 0: whoever holds it).
+
+        Returns (evicted fence or None, the holder's fence when nothing was
+        evicted (0 when free), the evicted holder's description).
+        """
+        reply = await self._call(client, keys, "force_release", keys.doorbell, fence, keep_ms)
+        if int(reply[0]) == 1:
+            return int(reply[1]), 0, _text(reply[2]) or ""
+        return None, int(reply[1]), ""
 
 
 PROTOCOL = Protocol()

@@ -12,14 +12,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from . import metrics
+from . import metrics, reentry
 from .clients import LoopClients
 from .connection import check_url
+from .holder import current_caller, describing, holder_description
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
-from .lock import FifoLock, lock_settings
+from .lock import FifoLock, check_timeout, lock_settings
 from .portal import portal
-from .protocol import AsyncClient
+from .protocol import AsyncClient, LockKeys
 from .settings import LockOptions, LockSettings, check_name, check_namespace
 
 if TYPE_CHECKING:
@@ -98,17 +99,36 @@ class SyncFifoLock:
         return core[1]
 
     def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
-        """Block until granted; see ``FifoLock.acquire`` (same arguments and errors)."""
-        context = metrics.caller_context()  # the caller's current span is the wait's parent
+        """Block until granted; see ``FifoLock.acquire`` (same arguments and errors).
+
+        The check that this thread does not hold or wait for the lock already
+        (``LockUsageError``, see ``reentry``), the caller's description
+        (``describing()``) and its current span (the wait's parent) are taken
+        in the calling thread.
+        """
+        caller = current_caller()
+        claim = reentry.claim(
+            LockKeys(self.name, self.namespace),
+            holder_description(caller),
+            token=token,
+            timeout=check_timeout(timeout),
+        )
+        context = metrics.caller_context()
 
         async def run() -> Lease:
-            with metrics.in_context(context):
+            with metrics.in_context(context), describing(caller):
                 return await self._lock().acquire(timeout, token=token)
 
         async def give_back(lease: Lease) -> None:
             await self._lock().release(lease)
 
-        return portal().call(self.name, run, undo=give_back)
+        try:
+            lease = portal().call(self.name, run, undo=give_back)
+        except BaseException:
+            claim.failed()
+            raise
+        claim.granted(lease)
+        return lease
 
     def release(self, lease: Lease) -> None:
         """Release ``lease``; see ``FifoLock.release`` (same errors).
@@ -131,6 +151,15 @@ class SyncFifoLock:
 
         async def run() -> LockStatus:
             return await self._lock().status()
+
+        return portal().call(self.name, run)
+
+    def force_release(self, fence: int | None = None) -> int | None:
+        """Free the lock whoever holds it; see ``FifoLock.force_release`` (same
+        arguments, result and errors)."""
+
+        async def run() -> int | None:
+            return await self._lock().force_release(fence)
 
         return portal().call(self.name, run)
 

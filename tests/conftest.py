@@ -2,8 +2,8 @@
 
 Every test session gets one Redis server: the one named by ``$REDIS_URL`` if
 that is set, else a private ``redis-server`` started on a free port by
-:func:`redis_fifo_lock.testing.private_redis_server` and stopped at the end of
-the session. The ``redis`` and ``aredis`` fixtures FLUSHALL it before each
+:mod:`redis_fifo_lock.pytest_plugin` (the package's own pytest plugin) and
+stopped at the end of the session. The ``redis`` and ``aredis`` fixtures FLUSHALL it before each
 test, so never point ``$REDIS_URL`` at a server whose data you want to keep.
 
 Integration-specific fixtures (Celery, Django) live in their own conftest
@@ -13,7 +13,7 @@ conftest.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
 from urllib.parse import urlsplit
 
@@ -21,15 +21,15 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from redis_fifo_lock import testing as fifolock_testing
-from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.support.proxy import FaultProxy
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def redis_url(fifolock_redis_url: str) -> str:
     """URL (str) of the Redis server shared by the whole test session.
 
+    The plugin's ``fifolock_redis_url`` (:mod:`redis_fifo_lock.pytest_plugin`):
     ``$REDIS_URL`` if set (no server is started then); otherwise a private
     server on ``127.0.0.1`` and a free port, without persistence, stopped when
     the session ends. The server binary is chosen by
@@ -42,8 +42,7 @@ def redis_url() -> Iterator[str]:
         def redis_url() -> str:
             return "redis://127.0.0.1:6379/15"
     """
-    with fifolock_testing.redis_url() as url:
-        yield url
+    return fifolock_redis_url
 
 
 @pytest.fixture
@@ -98,14 +97,15 @@ async def aredis(redis_url: str) -> AsyncIterator[AsyncRedis]:
 
 
 @pytest.fixture
-def fresh_redis_server() -> Iterator[PrivateRedisFactory]:
-    """Factory that starts extra private Redis servers, all stopped after the test.
+def fresh_redis_server(fifolock_redis_server: PrivateRedisFactory) -> PrivateRedisFactory:
+    """Factory that starts extra private Redis servers, all stopped after the test
+    (the plugin's ``fifolock_redis_server``).
 
     Use it for tests that change server configuration, or that stop and
     restart a server; leave the shared ``redis_url`` server alone for those.
     Call it as ``fresh_redis_server(extra_args=None, *, port=None)``; it
     returns a :class:`redis_fifo_lock.testing.PrivateRedis` (``.url``,
-    ``.port``, ...). It always starts a private server, even when
+    ``.port``, ``.pid``, ...). It always starts a private server, even when
     ``$REDIS_URL`` is set. Example::
 
         def test_eviction(fresh_redis_server: PrivateRedisFactory) -> None:
@@ -117,21 +117,8 @@ def fresh_redis_server() -> Iterator[PrivateRedisFactory]:
 
         client.shutdown(nosave=True)
         server = fresh_redis_server(port=server.port)
-
-    Redefine this fixture to change how the extra servers are started (e.g.
-    with a fixed ``datadir``).
     """
-    with ExitStack() as stack:
-
-        def start(
-            extra_args: Sequence[str] | None = None, *, port: int | None = None
-        ) -> PrivateRedis:
-            """Start one more private server; see the fixture's docstring."""
-            return stack.enter_context(
-                fifolock_testing.private_redis_server(extra_args=extra_args, port=port)
-            )
-
-        yield start
+    return fifolock_redis_server
 
 
 FaultProxyFactory = Callable[..., FaultProxy]

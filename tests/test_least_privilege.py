@@ -117,7 +117,7 @@ async def acquire_and_release(url: str, namespace: str) -> None:
         lock = FifoLock(client, "lp-basic", namespace=namespace, **SHORT)
         lease = await lock.acquire(timeout=5)
         status = await lock.status()
-        assert status.held and status.fence == lease.fence and status.waiting == 0
+        assert status.held and status.last_fence == lease.fence and status.waiting == 0
         await lock.release(lease)
         assert not (await lock.status()).held
         async with lock.hold(timeout=5) as again:
@@ -216,7 +216,7 @@ async def renewal_past_several_leases(url: str, namespace: str) -> None:
         lease = await lock.acquire(timeout=5)
         await asyncio.sleep(5 * SHORT["lease_ms"] / 1000)
         assert not lease.lost, "the lease was lost while held past five leases"
-        assert (await lock.status()).fence == lease.fence
+        assert (await lock.status()).last_fence == lease.fence
         await lock.release(lease)  # LeaseLost if it had expired
     finally:
         await client.aclose()
@@ -228,7 +228,7 @@ async def the_sync_facade(url: str, namespace: str) -> None:
         lock = SyncFifoLock(clients, "lp-sync", namespace=namespace, **SHORT)
         with lock.hold(timeout=5) as lease:
             status = lock.status()
-            assert status.held and status.fence == lease.fence
+            assert status.held and status.last_fence == lease.fence
         assert not lock.status().held
 
     await asyncio.to_thread(run)

@@ -74,7 +74,7 @@ async def test_uncontended_acquire_and_release_grant_increasing_fences(aredis: R
     assert 0 < first.fence < second.fence < 2**53
     assert second.ticket > first.ticket
     status = await lock.status()
-    assert (status.held, status.fence, status.waiting) == (False, second.fence, 0)
+    assert (status.held, status.last_fence, status.waiting) == (False, second.fence, 0)
 
 
 async def test_waiters_in_one_process_are_granted_in_arrival_order(aredis: Redis) -> None:
@@ -339,7 +339,7 @@ async def test_a_retried_acquire_of_a_granted_request_returns_the_same_grant(
         floor="retrier/000000000001",
     )
     assert grant is not None and grant.fence == lease.fence
-    assert (await lock.status()).fence == lease.fence  # not granted twice
+    assert (await lock.status()).last_fence == lease.fence  # not granted twice
     await lock.release(lease)
 
 
@@ -590,7 +590,7 @@ async def test_a_forked_child_leaving_the_hold_cannot_release_the_parents_lease(
 
     assert in_child(leave_the_hold, LockUsageError) == RAISED
     status = await lock.status()
-    assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
+    assert (status.holder_fence, status.last_fence, status.waiting) == (lease.fence, lease.fence, 0)
     assert not lease.released
     await hold.__aexit__(None, None, None)  # the parent's own release still works
     assert not (await lock.status()).held

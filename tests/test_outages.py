@@ -134,11 +134,6 @@ async def test_requests_abandoned_by_an_outage_are_withdrawn_once_redis_answers_
 # --- item 4 --------------------------------------------------------------------------------
 
 
-def server_pid(server: PrivateRedis) -> int:
-    """The pid of a private server (from the pid file it writes in its datadir)."""
-    return int((server.datadir / f"redis-server.{server.port}.pid").read_text().strip())
-
-
 class Silence:
     """Makes a server stop answering and brings it back: SIGSTOP/SIGCONT of the
     process, or a proxy that black-holes both directions and then delivers late."""
@@ -152,7 +147,7 @@ class Silence:
 
     def start(self) -> None:
         if self.kind == "sigstop":
-            os.kill(server_pid(self.server), signal.SIGSTOP)
+            os.kill(self.server.pid, signal.SIGSTOP)
         else:
             self.proxy.hold("up")
             self.proxy.hold("down")
@@ -163,7 +158,7 @@ class Silence:
             return
         self.silent = False
         if self.kind == "sigstop":
-            os.kill(server_pid(self.server), signal.SIGCONT)
+            os.kill(self.server.pid, signal.SIGCONT)
         else:
             self.proxy.release("up")  # the held acquire reaches Redis now, late
             self.proxy.release("down")

@@ -2,7 +2,7 @@
 
 Against a lone server (no replica can acknowledge) and a master with one
 replica, both real servers; what it buys across a Sentinel failover is in
-``tests/sentinel/test_failover.py``.
+``tests/sentinel_tests/test_failover.py``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ async def test_a_grant_no_replica_acknowledged_is_given_back_and_raises(aredis: 
     assert re.search(r"grant of fence \d+ was acknowledged by 0 of the 1 replica", message)
     assert caught.value.name == "alone"
     status = await lock.status()
-    assert (status.held, status.waiting) == (False, 0) and status.fence > 0
+    assert (status.held, status.waiting) == (False, 0) and status.last_fence > 0
 
 
 async def test_acknowledged_grants_and_renewals_keep_the_lock_past_many_leases(
@@ -222,7 +222,7 @@ async def test_a_handed_off_grant_no_replica_acknowledged_is_given_back_and_rais
     finally:
         await second_client.aclose()
     status = await first.status()
-    assert (status.held, status.waiting, status.fence) == (False, 0, handed_off)
+    assert (status.held, status.waiting, status.last_fence) == (False, 0, handed_off)
 
 
 def test_the_sync_lock_passes_replicas_through(redis_url: str) -> None:

@@ -153,7 +153,7 @@ def test_a_forked_child_leaving_the_sync_hold_cannot_release_the_parents_lease(
 
     assert in_child(leave_the_hold, LockUsageError) == RAISED
     status = lock.status()
-    assert (status.holder_fence, status.fence, status.waiting) == (lease.fence, lease.fence, 0)
+    assert (status.holder_fence, status.last_fence, status.waiting) == (lease.fence, lease.fence, 0)
     hold.__exit__(None, None, None)  # the parent's own release still works
     assert not lock.status().held
 

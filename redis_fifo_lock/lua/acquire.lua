@@ -17,6 +17,8 @@
 --         late copy), and the call it replaces counts as ended. A request that
 --         lost its place (its grant expired unclaimed, or its session was
 --         presumed dead) joins again at the back with a new call
+-- ARGV[10] holder: a short description of the caller (host, pid, task...),
+--         shown by status.lua, never used for a decision; "" for none
 --
 -- Returns:
 --   {1, fence, ticket, pttl_ms, queued}
@@ -31,6 +33,7 @@
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep_ms, floor, call = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local holder = ARGV[10] or ''
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 
@@ -77,7 +80,7 @@ else
     redis.call('ZADD', K_QUEUE, int(ticket), token)
 end
 redis.call('HSET', K_WAITERS, token,
-    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call)
+    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call .. ' ' .. holder)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
 local granted = grant_next(now, now_us, doorbell, token, false)

@@ -3,10 +3,11 @@
 --
 -- KEYS (the same six for every script, all under the lock's hash tag):
 --   KEYS[1] queue     sorted set: request token -> ticket (arrival order)
---   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms> <call>"
+--   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms> <call>
+--                     <holder>" (holder: a description for onlookers, may be empty)
 --   KEYS[3] alive     sorted set: session id -> alive-until (server ms)
---   KEYS[4] lease     hash {token, fence, ticket, session, call, deadline}; exists
---                     while held, expires (PEXPIRE) when not renewed
+--   KEYS[4] lease     hash {token, fence, ticket, session, call, deadline, holder};
+--                     exists while held, expires (PEXPIRE) when not renewed
 --   KEYS[5] counters  hash {ticket, fence}: the last ticket and fence issued;
 --                     {holder, holder_call}: the grant last made and not yet
 --                     ended by a script (to notice that its lease expired)
@@ -150,14 +151,15 @@ local function ended(call)
     return nil
 end
 
--- A queued request's {session, lease_ms, max_hold_ms, call}, or nil.
+-- A queued request's {session, lease_ms, max_hold_ms, call, holder}, or nil.
 local function waiter_of(token)
     local meta = redis.call('HGET', K_WAITERS, token)
     if not meta then
         return nil
     end
-    local session, lease_ms, max_hold_ms, call = string.match(meta, '^(%S+) (%d+) (%d+) (%S+)$')
-    return session and {session, tonumber(lease_ms), tonumber(max_hold_ms), call}
+    local session, lease_ms, max_hold_ms, call, holder =
+        string.match(meta, '^(%S+) (%d+) (%d+) (%S+) ?(.*)$')
+    return session and {session, tonumber(lease_ms), tonumber(max_hold_ms), call, holder}
 end
 
 -- Every key but the lease expires keep_ms after the last script that wrote.
@@ -223,7 +225,8 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session)
             local ttl = math.min(waiter[2], alive_until - now)
             local fence = next_number('fence', now_us)
             redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket', int(ticket),
-                'session', session, 'call', call, 'deadline', int(now + waiter[3]))
+                'session', session, 'call', call, 'deadline', int(now + waiter[3]),
+                'holder', waiter[5])
             redis.call('PEXPIRE', K_LEASE, ttl)
             redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then

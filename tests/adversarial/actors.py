@@ -14,24 +14,17 @@ acquire script (the request's ticket), which the lock does not expose.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout, RedisUnavailable
-from redis_fifo_lock.protocol import (
-    AsyncClient,
-    ClaimReply,
-    Grant,
-    LockKeys,
-    PollReply,
-    Protocol,
-    StatusReply,
-)
-from redis_fifo_lock.settings import LockSettings
+from redis_fifo_lock.protocol import Grant, Protocol
 from tests.support.record import Record
 
 T = TypeVar("T")
@@ -40,9 +33,30 @@ RETRY_PAUSE_S = 0.2
 """Back-off between retries of a call that found Redis unavailable, in seconds."""
 
 
-
 REPEAT_TRIES = 5
 """How often a repeated release is sent while Redis cannot be reached."""
+
+
+def protocol_arguments(
+    method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The arguments of a call of ``method`` (a ``Protocol`` method, e.g.
+    ``Protocol.release``) by name, defaults filled in: a wrapper reads the few it
+    needs without spelling out the whole signature (the core's to change)."""
+    bound = inspect.signature(method).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _guarded(script: str) -> Callable[..., Awaitable[Any]]:
+    """A ``RecordingProtocol`` method that delegates ``script``'s call to ``inner``."""
+
+    async def call(self: RecordingProtocol, *args: Any, **kwargs: Any) -> Any:
+        return await self._guard(script, getattr(self.inner, script)(*args, **kwargs))
+
+    call.__name__ = script
+    return call
+
 
 class RecordingProtocol(Protocol):
     """Delegates to ``inner``; records every reply of the acquire script, and every
@@ -63,72 +77,18 @@ class RecordingProtocol(Protocol):
                 self.faults.fault("scripterror", f"{script}:{exc.cause}")
             raise
 
-    async def acquire(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        session: str,
-        settings: LockSettings,
-        *,
-        call: str,
-        floor: str,
-    ) -> tuple[Grant | None, int, int]:
-        grant, ticket, holder = await self._guard(
-            "acquire",
-            self.inner.acquire(client, keys, token, session, settings, call=call, floor=floor),
-        )
+    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int]:
+        grant, ticket, holder = await self._guard("acquire", self.inner.acquire(*args, **kwargs))
+        token = protocol_arguments(Protocol.acquire, args, kwargs)["token"]
         self.record.queued(token, ticket, grant is not None)
         return grant, ticket, holder
 
-    async def claim(
-        self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings
-    ) -> ClaimReply:
-        return await self._guard("claim", self.inner.claim(client, keys, token, ticket, settings))
-
-    async def release(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        fence: int,
-        keep_ms: int,
-        call: str,
-        session: str,
-        floor: str,
-    ) -> tuple[int, tuple[str, Grant] | None]:
-        return await self._guard(
-            "release", self.inner.release(client, keys, token, fence, keep_ms, call, session, floor)
-        )
-
-    async def renew(
-        self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
-    ) -> tuple[int, int]:
-        return await self._guard("renew", self.inner.renew(client, keys, token, fence, settings))
-
-    async def withdraw(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        ticket: int,
-        session: str,
-        keep_ms: int,
-        call: str,
-        floor: str,
-    ) -> int:
-        return await self._guard(
-            "withdraw",
-            self.inner.withdraw(client, keys, token, ticket, session, keep_ms, call, floor),
-        )
-
-    async def poll(
-        self, client: AsyncClient, keys: LockKeys, session: str, settings: LockSettings
-    ) -> PollReply:
-        return await self._guard("poll", self.inner.poll(client, keys, session, settings))
-
-    async def status(self, client: AsyncClient, keys: LockKeys) -> StatusReply:
-        return await self._guard("status", self.inner.status(client, keys))
+    claim = _guarded("claim")
+    release = _guarded("release")
+    renew = _guarded("renew")
+    withdraw = _guarded("withdraw")
+    poll = _guarded("poll")
+    status = _guarded("status")
 
 
 def is_script_error(cause: BaseException | None) -> bool:
@@ -358,3 +318,19 @@ async def watch_lag(faults: Record, threshold_s: float) -> None:
         lag = loop.time() - before - step
         if lag > threshold_s:
             faults.fault("lag", f"{round(lag * 1000)}ms")
+
+
+async def hold_and_release(
+    actor: Actor,
+    lock: FifoLock,
+    lease: Any,
+    max_ms: float,
+    until: Callable[[], Awaitable[Any]] | None = None,
+) -> str:
+    """Hold until the lease is lost (at most ``max_ms``), then release - after
+    ``await until()``, if given; returns the release's outcome."""
+    await actor.hold(lease, max_ms / 1000)
+    if until is not None:
+        with contextlib.suppress(AssertionError):
+            await until()  # the release is late on purpose
+    return await actor.release(lock, lease, Plan(0, repeat_release=True))

@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.record import Line, read_lines
+from tests.support.record import Hold, Line, read_lines
 
 INF = math.inf
 FAULTS_FILE = "faults.rec"
@@ -72,18 +72,14 @@ class Fault:
         return self.start <= end and self.end >= start
 
 
-@dataclass
-class Hold:
-    """One granted request, from entry to release."""
+@dataclass(kw_only=True)
+class TrackedHold(Hold):
+    """One granted request, from its request to its release: the record's
+    ``Hold`` (``lost`` once the holder saw ``lease.lost``), and when it was first
+    requested and learned of a loss, and how its release ended."""
 
-    token: str
-    pid: int
-    ticket: int
-    fence: int
-    enter: int
     requested: int
-    exit: int | None = None
-    lost: int | None = None
+    lost_ns: int | None = None
     released: int | None = None
     outcome: str | None = None
     repeats: list[str] = field(default_factory=list)
@@ -222,9 +218,9 @@ class LockHistory:
         self.learn_ms = learn_ms
         self.known: list[str] = []
         self.entries = len(lines)
-        self.holds: list[Hold] = []
+        self.holds: list[TrackedHold] = []
         self.requests: dict[str, Request] = {}
-        open_holds: dict[str, Hold] = {}
+        open_holds: dict[str, TrackedHold] = {}
         for line in lines:
             token = line.fields[0] if line.fields else ""
             request = self.requests.get(token)
@@ -240,8 +236,14 @@ class LockHistory:
                 request.gave_up.append((line.ns, line.fields[1]))
             elif line.kind == "enter":
                 first = request.requests[0][0] if request.requests else line.ns
-                hold = Hold(
-                    token, line.pid, int(line.fields[1]), int(line.fields[2]), line.ns, first
+                hold = TrackedHold(
+                    fence=int(line.fields[2]),
+                    ticket=int(line.fields[1]),
+                    entered_ns=line.ns,
+                    who=line.fields[3],
+                    pid=line.pid,
+                    token=token,
+                    requested=first,
                 )
                 request.entered = request.entered or line.ns
                 open_holds[token] = hold
@@ -251,14 +253,15 @@ class LockHistory:
                 if hold is None:
                     continue
                 if line.kind == "exit":
-                    hold.exit = hold.exit or line.ns
+                    hold.exited_ns = hold.exited_ns or line.ns
                 elif line.kind == "lost":
-                    hold.lost = hold.lost or line.ns
+                    hold.lost_ns = hold.lost_ns or line.ns
+                    hold.lost = True
                 elif line.fields[1].startswith("dup"):
                     hold.repeats.append(line.fields[1])
                 elif hold.released is None:
                     hold.released, hold.outcome = line.ns, line.fields[1]
-        self.holds.sort(key=lambda hold: hold.enter)
+        self.holds.sort(key=lambda hold: hold.entered_ns)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -266,14 +269,14 @@ class LockHistory:
         """When process ``pid`` was killed (INF if never)."""
         return min((f.start for f in self.faults if f.kind == "kill" and f.pid == pid), default=INF)
 
-    def end(self, hold: Hold) -> float:
+    def end(self, hold: TrackedHold) -> float:
         """When ``hold`` stopped being inside: its exit, or its process's death."""
-        if hold.exit is not None:
-            return hold.exit
+        if hold.exited_ns is not None:
+            return hold.exited_ns
         return self.killed(hold.pid)
 
     def lease_threatened(
-        self, hold: Hold, until: float, *, for_overlap: bool = False, learned: bool = False
+        self, hold: TrackedHold, until: float, *, for_overlap: bool = False, learned: bool = False
     ) -> bool:
         """Whether a fault that can cost ``hold`` its lease hit it before ``until``.
 
@@ -290,7 +293,7 @@ class LockHistory:
                 continue
             if for_overlap and fault.kind in self.unexcused:
                 continue
-            since = hold.requested if fault.pid is not None else hold.enter
+            since = hold.requested if fault.pid is not None else hold.entered_ns
             if not fault.within(since, until):
                 continue
             if learned and not self.learned_after(hold, fault):
@@ -298,20 +301,22 @@ class LockHistory:
             return True
         return False
 
-    def learned_after(self, hold: Hold, fault: Fault) -> bool:
+    def learned_after(self, hold: TrackedHold, fault: Fault) -> bool:
         """Whether ``hold`` saw ``lease.lost`` while inside, soon enough after ``fault``."""
         if not self.learned(hold):
             return False
         if self.learn_ms is None or fault.end == INF:
             return True
-        assert hold.lost is not None
-        return hold.lost <= fault.end + self.learn_ms * 1_000_000
+        assert hold.lost_ns is not None
+        return hold.lost_ns <= fault.end + self.learn_ms * 1_000_000
 
-    def learned(self, hold: Hold) -> bool:
+    def learned(self, hold: TrackedHold) -> bool:
         """Whether ``hold`` saw ``lease.lost`` set while it was still inside."""
-        return hold.lost is not None and (hold.exit is None or hold.lost <= hold.exit)
+        return hold.lost_ns is not None and (
+            hold.exited_ns is None or hold.lost_ns <= hold.exited_ns
+        )
 
-    def describe(self, hold: Hold) -> str:
+    def describe(self, hold: TrackedHold) -> str:
         """A short description of ``hold`` for messages."""
         return f"fence {hold.fence} (ticket {hold.ticket}, {hold.token}, pid {hold.pid})"
 
@@ -322,10 +327,10 @@ class LockHistory:
         found = []
         for index, later in enumerate(self.holds):
             for earlier in self.holds[:index]:
-                if not later.enter < self.end(earlier):
+                if not later.entered_ns < self.end(earlier):
                     continue
-                start = later.enter
-                if earlier.lost is not None and earlier.lost <= start:
+                start = later.entered_ns
+                if earlier.lost_ns is not None and earlier.lost_ns <= start:
                     continue  # the lock told the earlier holder before the overlap
                 if any(
                     self.lease_threatened(hold, start, for_overlap=True, learned=True)
@@ -335,7 +340,7 @@ class LockHistory:
                 found.append(
                     f"overlap on {self.name!r}: {self.describe(later)} entered while "
                     f"{self.describe(earlier)} was inside (lost "
-                    f"{'never' if earlier.lost is None else 'after the overlap began'})"
+                    f"{'never' if earlier.lost_ns is None else 'after the overlap began'})"
                 )
         return found
 
@@ -343,12 +348,12 @@ class LockHistory:
         """Property 2: fences strictly increase in entry order, between counter losses."""
         found = []
         resets = [f for f in self.faults if resets_fences(f)]
-        previous: Hold | None = None
+        previous: TrackedHold | None = None
         for hold in self.holds:
             # A grant made just before a restart may be entered during it: the
             # whole span of the fault separates the counters.
             same_counter = previous is not None and not any(
-                f.within(previous.enter, hold.enter) for f in resets
+                f.within(previous.entered_ns, hold.entered_ns) for f in resets
             )
             if same_counter and previous is not None and hold.fence <= previous.fence:
                 found.append(
@@ -370,24 +375,26 @@ class LockHistory:
         for hold in self.holds:
             hold_request = self.requests.get(hold.token)
             hold_seen = (
-                hold_request.tickets.get(hold.ticket, hold.enter) if hold_request else hold.enter
+                hold_request.tickets.get(hold.ticket, hold.entered_ns)
+                if hold_request
+                else hold.entered_ns
             )
             for ticket, seen, request in instances:
                 if ticket >= hold.ticket or request.token == hold.token:
                     continue
-                if seen > hold.enter or any(
-                    f.within(min(seen, hold_seen), hold.enter) for f in resets
+                if seen > hold.entered_ns or any(
+                    f.within(min(seen, hold_seen), hold.entered_ns) for f in resets
                 ):
                     continue  # tickets from different counters (the counter was lost between)
-                if request.entered is not None and request.entered < hold.enter:
+                if request.entered is not None and request.entered < hold.entered_ns:
                     continue
-                if request.stopped_waiting() <= hold.enter:
+                if request.stopped_waiting() <= hold.entered_ns:
                     continue
                 first = request.requests[0][0] if request.requests else seen
                 if any(
                     liveness_threat(f)
                     and f.hits(request.pid, request.token)
-                    and f.within(first, hold.enter)
+                    and f.within(first, hold.entered_ns)
                     for f in self.faults
                 ):
                     continue
@@ -405,10 +412,10 @@ class LockHistory:
                 if finished and self.killed(hold.pid) == INF:
                     found.append(f"{self.describe(hold)} on {self.name!r} was never released")
                 continue
-            lost = hold.lost is not None or hold.outcome == "leaselost"
+            lost = hold.lost_ns is not None or hold.outcome == "leaselost"
             until = hold.released if hold.released is not None else INF
-            left = hold.exit if hold.exit is not None else INF
-            if hold.outcome == "ok" and hold.lost is not None and hold.lost >= left:
+            left = hold.exited_ns if hold.exited_ns is not None else INF
+            if hold.outcome == "ok" and hold.lost_ns is not None and hold.lost_ns >= left:
                 # Redis confirmed the release, so the lease was held until then: a
                 # loss marked after the holder left is the core's own mistake.
                 found.append(
@@ -421,7 +428,9 @@ class LockHistory:
                     f"{self.describe(hold)} on {self.name!r} lost its lease with no fault "
                     f"to blame (release: {hold.outcome})"
                 )
-            if hold.outcome.startswith("unavailable") and not self.any_fault(hold.enter, until):
+            if hold.outcome.startswith("unavailable") and not self.any_fault(
+                hold.entered_ns, until
+            ):
                 found.append(
                     f"{self.describe(hold)} on {self.name!r}: release failed "
                     f"({hold.outcome}) with no fault to blame"
@@ -470,8 +479,8 @@ class LockHistory:
         for hold in self.holds:
             bound: float | None
             left: float
-            if hold.exit is not None:
-                bound, left, how = handoff_ms, hold.exit, "left"
+            if hold.exited_ns is not None:
+                bound, left, how = handoff_ms, hold.exited_ns, "left"
             else:
                 bound, left, how = recovery_ms, self.killed(hold.pid), "was killed"
             if bound is None or left == INF:
@@ -479,12 +488,13 @@ class LockHistory:
             if not self.someone_waiting(hold, left):
                 continue
             if any(
-                other is not hold and other.enter < left < self.end(other) for other in self.holds
+                other is not hold and other.entered_ns < left < self.end(other)
+                for other in self.holds
             ):
                 continue  # someone else was inside (an excused overlap): nothing was handed off
             if any(f.within(left, left + bound * 1e6) for f in self.faults if f.kind == "lag"):
                 continue  # the machine stalled; latency says nothing about the lock then
-            following = [h.enter for h in self.holds if h.enter > left]
+            following = [h.entered_ns for h in self.holds if h.entered_ns > left]
             took_ms = (min(following) - left) / 1e6 if following else INF
             if took_ms > bound:
                 found.append(
@@ -493,7 +503,7 @@ class LockHistory:
                 )
         return found
 
-    def someone_waiting(self, hold: Hold, at: float) -> bool:
+    def someone_waiting(self, hold: TrackedHold, at: float) -> bool:
         """Whether a live request other than ``hold``'s was queued at ``at``."""
         for request in self.requests.values():
             if request.token == hold.token or not request.tickets:

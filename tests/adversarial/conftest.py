@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from redis_fifo_lock.testing import PrivateRedisFactory
-from tests.adversarial.scenarios import Context
+from tests.adversarial.registry import Context
 from tests.adversarial.table import RESULTS
 
 MASTER_SEED = int(os.environ.get("FIFOLOCK_SEED") or random.SystemRandom().randrange(1, 2**31))

@@ -14,13 +14,13 @@ import os
 import random
 import signal
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.adversarial.contender import Spec
+from tests.support.polling import until
 from tests.support.record import Line, Record, read_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,14 +146,7 @@ class Fleet:
         Raises:
             AssertionError: after ``timeout_s`` seconds, naming ``what``.
         """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s:g} s waiting until {what}")
-            await asyncio.sleep(RECORD_POLL_S)
+        return await until(check, what, timeout_s, pause_s=RECORD_POLL_S)
 
     # --- faults ------------------------------------------------------------------------
 

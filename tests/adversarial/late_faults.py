@@ -38,16 +38,10 @@ from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock
 from tests.adversarial.actors import Plan
+from tests.adversarial.arena import Arena
 from tests.adversarial.clients import StagedRedis
 from tests.adversarial.driver import ROOT
-from tests.adversarial.scenarios import (
-    LEASE_MS,
-    Arena,
-    Context,
-    Outcome,
-    outcome,
-    scenario,
-)
+from tests.adversarial.registry import LEASE_MS, Context, Outcome, outcome, scenario
 from tests.support.proxy import FaultProxy
 from tests.support.record import read_lines
 

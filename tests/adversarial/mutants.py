@@ -42,9 +42,8 @@ from redis_fifo_lock.protocol import (
     Script,
 )
 from redis_fifo_lock.renewal import Renewal
-from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import Hub, Waiter, WaitGroup
-from tests.adversarial.actors import cancelling
+from tests.adversarial.actors import cancelling, protocol_arguments
 
 SCRIPTS = ("acquire", "claim", "release", "renew", "withdraw", "poll", "status")
 
@@ -207,9 +206,7 @@ class AbandoningLock(FifoLock):
         requeue: bool,
     ) -> Lease | None:
         forgetful: Any = _ForgetfulHub(hub)
-        return await super()._enqueue(
-            forgetful, group, waiter, started, deadline, requeue=requeue
-        )
+        return await super()._enqueue(forgetful, group, waiter, started, deadline, requeue=requeue)
 
 
 class DoorbellOnlyGroup(WaitGroup):
@@ -292,67 +289,35 @@ class SplitGrantProtocol(Protocol):
         token = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         return token, Grant(int(reply[1]), int(reply[2]), int(reply[3]))
 
-    async def acquire(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        session: str,
-        settings: LockSettings,
-        *,
-        call: str,
-        floor: str,
-    ) -> tuple[Grant | None, int, int]:
-        grant, ticket, holder = await super().acquire(
-            client, keys, token, session, settings, call=call, floor=floor
-        )
+    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int]:
+        grant, ticket, holder = await super().acquire(*args, **kwargs)
         if grant is None:
-            made = await self._hand_off(client, keys, settings.keep_ms, token)
-            if made is not None and made[0] == token:
+            call = protocol_arguments(Protocol.acquire, args, kwargs)
+            made = await self._hand_off(
+                call["client"], call["keys"], call["settings"].keep_ms, call["token"]
+            )
+            if made is not None and made[0] == call["token"]:
                 return made[1], made[1].ticket, made[1].fence
         return grant, ticket, holder
 
-    async def release(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        fence: int,
-        keep_ms: int,
-        call: str,
-        session: str,
-        floor: str,
-    ) -> tuple[int, tuple[str, Grant] | None]:
-        outcome, handover = await super().release(
-            client, keys, token, fence, keep_ms, call, session, floor
-        )
+    async def release(self, *args: Any, **kwargs: Any) -> tuple[int, tuple[str, Grant] | None]:
+        outcome, handover = await super().release(*args, **kwargs)
         if outcome == RELEASED:
-            await self._hand_off(client, keys, keep_ms)
+            call = protocol_arguments(Protocol.release, args, kwargs)
+            await self._hand_off(call["client"], call["keys"], call["keep_ms"])
         return outcome, handover
 
-    async def withdraw(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        ticket: int,
-        session: str,
-        keep_ms: int,
-        call: str,
-        floor: str,
-    ) -> int:
-        outcome = await super().withdraw(
-            client, keys, token, ticket, session, keep_ms, call, floor
-        )
+    async def withdraw(self, *args: Any, **kwargs: Any) -> int:
+        outcome = await super().withdraw(*args, **kwargs)
         if outcome in (WITHDRAWN, GAVE_BACK):
-            await self._hand_off(client, keys, keep_ms)
+            call = protocol_arguments(Protocol.withdraw, args, kwargs)
+            await self._hand_off(call["client"], call["keys"], call["keep_ms"])
         return outcome
 
-    async def poll(
-        self, client: AsyncClient, keys: LockKeys, session: str, settings: LockSettings
-    ) -> PollReply:
-        reply = await super().poll(client, keys, session, settings)
-        await self._hand_off(client, keys, settings.keep_ms)
+    async def poll(self, *args: Any, **kwargs: Any) -> PollReply:
+        reply = await super().poll(*args, **kwargs)
+        call = protocol_arguments(Protocol.poll, args, kwargs)
+        await self._hand_off(call["client"], call["keys"], call["settings"].keep_ms)
         return reply
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tests.adversarial.scenarios import CRASH, Outcome
+from tests.adversarial.registry import CRASH, Outcome
 
 
 @dataclass

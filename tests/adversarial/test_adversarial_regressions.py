@@ -19,7 +19,8 @@ from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, LockError
 from redis_fifo_lock.testing import PrivateRedisFactory
-from tests.adversarial.scenarios import Context, not_redis_server, run
+from tests.adversarial.faults import not_redis_server
+from tests.adversarial.scenarios import Context, run
 
 pytestmark = pytest.mark.adversarial
 

@@ -1,6 +1,6 @@
 """The real lock against every adversarial scenario: no violation may be found.
 
-Each scenario is described in ``scenarios.py`` and in ``README.md`` here; each is
+Each scenario is described in its ``scenarios_*.py`` module and in ``README.md`` here; each is
 shown to be able to fail by ``test_adversarial_mutants.py``.
 """
 

@@ -19,7 +19,7 @@ pytest.importorskip("celery")
 from celery import Celery
 from redis import Redis
 
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import Log, unique
 
 
@@ -34,7 +34,8 @@ def celery_redis_url(redis_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def app(celery_redis_url: str) -> Celery:
-    """``tests.celery_app.app``, configured for ``celery_redis_url``, in this process."""
+    """``tests.celery_tests.celery_app.app``, configured for ``celery_redis_url``,
+    in this process."""
     tasks.configure(celery_redis_url)
     return tasks.app
 

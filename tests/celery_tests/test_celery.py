@@ -1,9 +1,9 @@
 """``@fifo_locked`` and ``FifoLockedTask`` in a real worker, on every pool.
 
-Each pool gets a ``celery -A tests.celery_app worker`` subprocess of its own
+Each pool gets a ``celery -A tests.celery_tests.celery_app worker`` subprocess of its own
 (concurrency 4), against the session's Redis: prefork (real child processes),
 threads and solo, plus gevent and eventlet when they are installed. The tasks
-(``tests/celery_app.py``) write enter/exit entries to a record kept apart from
+(``tests/celery_tests/celery_app.py``) write enter/exit entries to a record kept apart from
 the lock, and the tests check the record: no two holds of one lock overlap,
 fences increase in entry order, different lock names do run at once (where the
 pool runs tasks at once).
@@ -23,15 +23,15 @@ from celery.result import AsyncResult
 
 from fifolock_celery import lock_for
 from redis_fifo_lock import LockTimeout, NotReplicated
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import (
     RESULT_TIMEOUT_S,
     Log,
     Worker,
-    assert_serial,
     running_worker,
     unique,
 )
+from tests.support.record import violations
 
 
 def pool(name: str) -> Any:
@@ -72,7 +72,12 @@ def test_same_invoice_tasks_take_turns_while_different_invoices_overlap(
         results.append((a, tasks.hold_invoice.delay(log.key, a)))
         results.append((b, tasks.hold_invoice.apply_async((log.key,), {"invoice_id": b})))
         results.append(
-            (a, app.send_task("tests.celery_app.hold_invoice", [log.key, a, tasks.HOLD_MS]))
+            (
+                a,
+                app.send_task(
+                    "tests.celery_tests.celery_app.hold_invoice", [log.key, a, tasks.HOLD_MS]
+                ),
+            )
         )
         results.append((b, tasks.hold_invoice.delay(log.key, invoice_id=b, hold_ms=tasks.HOLD_MS)))
 
@@ -84,13 +89,13 @@ def test_same_invoice_tasks_take_turns_while_different_invoices_overlap(
     by_lock = {lock: [h for h in holds if h.lock == lock] for lock in {h.lock for h in holds}}
     assert sorted(len(group) for group in by_lock.values()) == [6, 6]
     for group in by_lock.values():
-        assert_serial(group)
+        assert violations(group) == []
     first, second = by_lock.values()
     overlapped = any(x.overlaps(y) for x in first for y in second)
     assert overlapped == concurrent(worker), "different invoices ran at once only if they can"
     if worker.pool == "prefork":
         # The main process took a lock before the pool forked (worker_init in
-        # tests/celery_app.py): children that reused its portal thread or
+        # tests/celery_tests/celery_app.py): children that reused its portal thread or
         # clients would hang instead of getting here.
         assert worker.warmed_up_in == worker.main_pid
         assert len({h.pid for h in holds}) >= 2
@@ -108,7 +113,8 @@ def test_every_way_of_declaring_and_calling_gives_one_lock_and_takes_turns(
         tasks.hold_invoice.delay(log.key, invoice),  # @fifo_locked, bind=True
         tasks.hold_invoice_by_base.delay(log.key, invoice),  # base=FifoLockedTask
         app.send_task(
-            "tests.celery_app.hold_invoice_by_base", kwargs={"log": log.key, "invoice_id": invoice}
+            "tests.celery_tests.celery_app.hold_invoice_by_base",
+            kwargs={"log": log.key, "invoice_id": invoice},
         ),
         tasks.hold_region.delay(log.key, invoice),  # default omitted ...
         tasks.hold_region.delay(log.key, invoice, "eu"),  # ... given positionally
@@ -124,7 +130,7 @@ def test_every_way_of_declaring_and_calling_gives_one_lock_and_takes_turns(
     )
     holds = log.holds()
     for lock in set(names):
-        assert_serial([h for h in holds if h.lock == lock])
+        assert violations([h for h in holds if h.lock == lock]) == []
 
 
 def test_two_executions_of_one_task_id_take_turns(worker: Worker, log: Log) -> None:
@@ -136,7 +142,7 @@ def test_two_executions_of_one_task_id_take_turns(worker: Worker, log: Log) -> N
 
     holds = log.holds()
     assert [h.task_id for h in holds] == [task_id, task_id]
-    assert_serial(holds)
+    assert violations(holds) == []
 
 
 def test_self_retry_inside_the_body_releases_and_the_retry_gets_the_lock(
@@ -146,7 +152,7 @@ def test_self_retry_inside_the_body_releases_and_the_retry_gets_the_lock(
 
     holds = log.holds()
     assert [h.retries for h in holds] == [0, 1]
-    assert_serial(holds)
+    assert violations(holds) == []
     assert fence == holds[1].fence
 
 
@@ -160,7 +166,7 @@ def test_autoretry_for_releases_before_its_retry_takes_the_same_lock(
     holds = log.holds()
     assert name == f"auto-{key}" and {h.lock for h in holds} == {name}
     assert [h.retries for h in holds] == [0, 1]
-    assert_serial(holds)
+    assert violations(holds) == []
 
 
 def test_an_exception_in_the_body_releases_the_lock(app: Celery, worker: Worker, log: Log) -> None:
@@ -173,7 +179,7 @@ def test_an_exception_in_the_body_releases_the_lock(app: Celery, worker: Worker,
     # The result is stored after the body's release, so this is not a race.
     status = lock_for(app, f"fail-{key}").status()
     assert not status.held
-    assert status.fence == log.holds()[0].fence
+    assert status.last_fence == log.holds()[0].fence
 
 
 def test_current_lease_gives_the_fence_the_lock_granted(
@@ -182,7 +188,7 @@ def test_current_lease_gives_the_fence_the_lock_granted(
     fences = [get(tasks.pass_gate.delay(log.key, key)) for _ in range(2)]
 
     assert fences == [h.fence for h in log.holds()]
-    assert lock_for(app, f"gate-{key}").status().fence == fences[-1]
+    assert lock_for(app, f"gate-{key}").status().last_fence == fences[-1]
     assert fences[1] > fences[0]
 
 
@@ -232,6 +238,7 @@ def test_the_worker_warns_at_start_about_a_time_limit_beyond_max_hold(
 
     assert [r["level"] for r in ours] == ["WARNING"]
     assert ours[0]["message"].startswith(
-        "task tests.celery_app.limited_beyond_max_hold: its time_limit is 30 s but its FIFO "
+        "task tests.celery_tests.celery_app.limited_beyond_max_hold: its time_limit is 30 s "
+        "but its FIFO "
         "lock may be held for at most max_hold_ms=5000 ms;"
     )

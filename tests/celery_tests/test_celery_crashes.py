@@ -20,7 +20,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from fifolock_celery import lock_for
 from redis_fifo_lock import LeaseLost
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, running_worker
 from tests.support.polling import until_sync
 
@@ -94,7 +94,7 @@ def test_a_hard_time_limit_frees_the_lock_and_reaps_a_killed_waiters_entry(
     # The limit counts from the task's start, a moment before it entered.
     assert limit_ms - 100 <= waited_ms <= limit_ms + tasks.LEASE_MS + tasks.POLL_MS + SLACK_MS
     status = lock.status()
-    assert (status.held, status.waiting, status.fence) == (False, 0, fence)
+    assert (status.held, status.waiting, status.last_fence) == (False, 0, fence)
     assert tasks.ping.delay().get(timeout=RESULT_TIMEOUT_S)["hostname"] == worker.hostname
 
 

@@ -2,7 +2,7 @@
 
 The test process holds the task's lock by hand (``lock_for(...).hold()``) to
 make it busy, and reads the worker's log records from the record (see
-``tests/celery_app.py``): every outcome must leave one.
+``tests/celery_tests/celery_app.py``): every outcome must leave one.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import pytest
 from celery import Celery, states
 
 from fifolock_celery import CONTENTION_HEADER, SKIPPED, lock_for
-from tests import celery_app as tasks
-from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, assert_serial, running_worker
+from tests.celery_tests import celery_app as tasks
+from tests.support.celery_worker import RESULT_TIMEOUT_S, Log, Worker, running_worker
 from tests.support.polling import until_sync
+from tests.support.record import violations
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_wait_queues_in_arrival_order_and_logs_each_grant_with_the_time_waited(
 
     holds = log.holds()
     assert [h.task_id for h in holds] == [first.id, second.id]  # arrival order
-    assert_serial(holds)
+    assert violations(holds) == []
     records = log.log_records(f"gate-{key}")
     assert [(r["level"], r["policy"], r["task_id"]) for r in records] == [
         ("INFO", "wait", first.id),

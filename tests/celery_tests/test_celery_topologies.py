@@ -4,7 +4,7 @@ The reading of the settings (``LockServer``) runs everywhere, without servers.
 The tests marked ``sentinel`` and ``cluster`` run ``@fifo_locked`` tasks in a
 real prefork worker (``tests.celery_tests.topology_app``) against a real master,
 replica and three sentinels, or a real three-master cluster (the fixtures of
-``tests/sentinel`` and ``tests/cluster``): run them with ``-m sentinel`` /
+``tests/sentinel_tests`` and ``tests/cluster_tests``): run them with ``-m sentinel`` /
 ``-m cluster``. Exclusion is judged from a record file kept apart from the
 lock's keys.
 """
@@ -23,13 +23,13 @@ from redis.cluster import RedisCluster
 from fifolock_celery import LockConfig, LockServer, fifo_locked, start_warnings
 from redis_fifo_lock import LockUsageError
 from redis_fifo_lock.protocol import LockKeys
-from redis_fifo_lock.testing import PrivateSentinelSetup
-from tests.celery_app import db_url
 from tests.celery_tests import topology_app as topology
-from tests.cluster.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
-from tests.sentinel.conftest import sentinel_setup  # noqa: F401  (fixture)
+from tests.celery_tests.celery_app import db_url
+from tests.cluster_tests.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
+from tests.sentinel_tests.conftest import sentinel_setup  # noqa: F401  (fixture)
 from tests.support.celery_worker import RESULT_TIMEOUT_S, running_worker, unique
 from tests.support.record import Record, violations
+from tests.support.sentinel import PrivateSentinelSetup
 
 SENTINELS = "sentinel://:pw@s1.example:26379/4;sentinel://s2.example"
 HOLDS = 4
@@ -37,7 +37,7 @@ HOLDS = 4
 HOLD_MS = 200
 BROKER_DB, RESULT_DB, LOCK_DB = 6, 7, 4
 """Databases of the plain broker and results (of the session's server) and of
-the Sentinel master's locks, apart from those of ``tests.celery_app``."""
+the Sentinel master's locks, apart from those of ``tests.celery_tests.celery_app``."""
 
 
 # --- settings -> LockServer (no server) --------------------------------------------------

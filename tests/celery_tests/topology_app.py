@@ -7,7 +7,7 @@ worker runs one of them (``-A tests.celery_tests.topology_app:sentinel_app``)
 and takes its settings from ``$FIFOLOCK_TOPOLOGY_CONF``, a JSON object given to
 ``app.conf.update``; the test process calls ``configure`` with the same
 object. Neither app becomes Celery's current app on import, so importing this
-module leaves ``tests.celery_app`` current for the other test modules. Locked
+module leaves ``tests.celery_tests.celery_app`` current for the other test modules. Locked
 bodies write their holds to a record file (``tests.support.record``),
 independent of the lock's keys.
 """
@@ -41,7 +41,7 @@ def configure(app: Celery, conf: dict[str, Any]) -> None:
 
 
 def ping() -> dict[str, Any]:
-    """Readiness probe (answers like ``tests.celery_app.ping``)."""
+    """Readiness probe (answers like ``tests.celery_tests.celery_app.ping``)."""
     return {"hostname": current_task.request.hostname, "warmed_up_in": None}
 
 

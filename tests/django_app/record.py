@@ -19,6 +19,8 @@ from redis_fifo_lock import Lease
 
 LOG = "record:log"
 ACTIVE = "record:active"
+HOLD_LIMIT_S = 30
+"""Longest a test command holds on (its BLPOP timeout), in seconds."""
 
 _clients: dict[str, Redis] = {}
 _guard = threading.Lock()
@@ -30,7 +32,9 @@ def redis() -> Redis:
     with _guard:
         client = _clients.get(url)
         if client is None:
-            client = _clients[url] = Redis.from_url(url)
+            # A read timeout above the commands' 30 s BLPOP (redis-py 8 reads
+            # for 5 s by default, so a slow test run failed the BLPOP early).
+            client = _clients[url] = Redis.from_url(url, socket_timeout=HOLD_LIMIT_S + 10)
         return client
 
 

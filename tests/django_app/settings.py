@@ -15,7 +15,7 @@ DEBUG = False
 ALLOWED_HOSTS = ["testserver"]
 USE_TZ = True
 INSTALLED_APPS = ["fifolock_django", "django_app"]
-MIDDLEWARE: list[str] = []
+MIDDLEWARE = ["fifolock_django.middleware.LockHolderMiddleware"]
 ROOT_URLCONF = "django_app.urls"
 DATABASES: dict[str, dict[str, str]] = {}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 from django.core.cache import caches
 from django.test import Client
 from redis import Redis
+
+from tests.support.polling import until_sync
 
 from . import record
 from . import settings as project
@@ -46,12 +47,12 @@ def url_with_db(url: str, db: int) -> str:
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll ``condition`` (for states that announce themselves by no event)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
+    """Poll ``condition`` (for states that announce themselves by no event).
+
+    Raises:
+        AssertionError: after ``timeout_s`` seconds (default 20), naming ``what``.
+    """
+    until_sync(condition, what, timeout_s, pause_s=0.02)
 
 
 def assert_served_one_at_a_time(redis: Redis, requests: int) -> list[dict[str, Any]]:

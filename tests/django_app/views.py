@@ -43,6 +43,26 @@ async def async_increment(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"fence": lease.fence, "ticket": lease.ticket, "value": value + 1})
 
 
+def holder(request: HttpRequest) -> JsonResponse:
+    """What ``status()`` says of the holder while this sync view holds ``?lock=``."""
+    lock = cache.fifo_lock(request.GET["lock"], timeout=5)
+    with lock:
+        return JsonResponse({"holder": lock.status().holder})
+
+
+async def aholder(request: HttpRequest) -> JsonResponse:
+    """What ``astatus()`` says of the holder while this async view holds ``?lock=``."""
+    lock = cache.fifo_lock(request.GET["lock"], timeout=5)
+    async with lock:
+        return JsonResponse({"holder": (await lock.astatus()).holder})
+
+
+def nested(request: HttpRequest) -> JsonResponse:
+    """Take ``?lock=`` inside itself: refused with ``LockUsageError``."""
+    with cache.fifo_lock(request.GET["lock"]), cache.fifo_lock(request.GET["lock"]):
+        return JsonResponse({})
+
+
 INVOICES = "invoices"
 """The lock of the invoice view and of ``django_app.tasks.issue_invoice``: a plain name."""
 ISSUED = "issued"

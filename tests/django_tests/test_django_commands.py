@@ -10,6 +10,8 @@ that must hold the lock until the test says so blocks on a Redis list
 from __future__ import annotations
 
 import json
+import os
+import socket
 from typing import Any
 
 import pytest
@@ -147,44 +149,50 @@ def test_fifolock_run_serialises_an_unlocked_command_across_processes(
     assert finish(first)[:2] == (0, "first ran\n")
     assert finish(second)[:2] == (0, "second ran\n")
     assert [hold["who"] for hold in record.holds(redis)] == ["first", "second"]
-    assert held["held"] and held["holder_fence"] == held["fence"] > 0
+    assert held["held"] and held["holder_fence"] == held["last_fence"] > 0
     assert (held["redis_lock"], held["waiting"]) == ("tests:3:batch", 1)
     assert 0 < held["lease_left_ms"] <= 600
     after = status_json(redis_url, "batch")
-    assert after["fence"] > held["fence"]
+    assert after["last_fence"] > held["last_fence"]
+    assert held["holder"].endswith(": manage.py fifolock run -- plain_job")
     assert after == {
         "name": "batch",
         "cache": None,
         "redis_lock": "tests:3:batch",
+        "exists": True,
         "held": False,
+        "holder": None,
         "holder_fence": None,
         "holder_ticket": None,
         "lease_left_ms": None,
         "waiting": 0,
-        "fence": after["fence"],
+        "live_waiting": 0,
+        "last_fence": after["last_fence"],
     }
 
 
 def test_fifolock_status_prints_holder_fence_waiting_and_lease_left(
     counter_cache: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    call_command("fifolock", "status", "report")
-    free = capsys.readouterr().out.splitlines()
     with counter_cache.fifo_lock("report") as lease:
         call_command("fifolock", "status", "report", "--cache", "default")
         held = capsys.readouterr().out.splitlines()
+    call_command("fifolock", "status", "report")
+    free = capsys.readouterr().out.splitlines()
 
     assert free == [
         "lock        report (Redis lock 'tests:3:report', FIFOLOCK['CACHE'])",
         "held        no",
+        "holder      -",
         "lease left  -",
         "waiting     0",
-        "last fence  0",
+        f"last fence  {lease.fence}",
     ]
     assert held[0] == "lock        report (Redis lock 'tests:3:report', cache 'default')"
     assert held[1] == f"held        yes, by fence {lease.fence} (ticket {lease.ticket})"
-    assert held[2].startswith("lease left  0.") and held[2].endswith(" s unless renewed")
-    assert held[3:] == ["waiting     0", f"last fence  {lease.fence}"]
+    assert held[2] == f"holder      {socket.gethostname()} pid {os.getpid()}"
+    assert held[3].startswith("lease left  0.") and held[3].endswith(" s unless renewed")
+    assert held[4:] == ["waiting     0", f"last fence  {lease.fence}"]
 
 
 def test_fifolock_run_gives_up_after_the_lock_timeout_naming_the_holder_fence(
@@ -218,7 +226,7 @@ def test_fifolock_run_refuses_an_unknown_command_before_taking_the_lock(
 ) -> None:
     with pytest.raises(CommandError, match="Unknown command: 'no_such_command'"):
         call_command("fifolock", "run", "batch", "--", "no_such_command")
-    assert counter_cache.fifo_lock("batch").status().fence == 0
+    assert counter_cache.fifo_lock("batch").status().last_fence == 0
 
 
 def test_fifolock_works_on_django_s_builtin_redis_backend(redis_url: str, redis: Redis) -> None:
@@ -226,4 +234,4 @@ def test_fifolock_works_on_django_s_builtin_redis_backend(redis_url: str, redis:
         manage(redis_url, "fifolock", "run", "b", "--", "plain_job", "x", backend="builtin")
     )
     assert (code, out) == (0, "x ran\n"), err
-    assert status_json(redis_url, "b", backend="builtin")["fence"] > 0
+    assert status_json(redis_url, "b", backend="builtin")["last_fence"] > 0

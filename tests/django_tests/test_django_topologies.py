@@ -3,7 +3,7 @@
 The translation of ``LOCATION`` and ``OPTIONS`` runs everywhere (no server).
 The tests marked ``sentinel`` and ``cluster`` run the lock against a real
 master, replica and three sentinels, or a real three-master cluster (started
-by the fixtures of ``tests/sentinel`` and ``tests/cluster``): run them with
+by the fixtures of ``tests/sentinel_tests`` and ``tests/cluster_tests``): run them with
 ``-m sentinel`` / ``-m cluster``. Exclusion is judged from a record file kept
 apart from the lock's keys (``tests.support.record``).
 """
@@ -28,10 +28,10 @@ from redis.cluster import RedisCluster
 from fifolock_django import builtin, cache
 from redis_fifo_lock import LockServer
 from redis_fifo_lock.protocol import LockKeys
-from redis_fifo_lock.testing import PrivateSentinelSetup
-from tests.cluster.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
-from tests.sentinel.conftest import sentinel_setup  # noqa: F401  (fixture)
+from tests.cluster_tests.conftest import LocalCluster, redis_cluster  # noqa: F401  (fixture)
+from tests.sentinel_tests.conftest import sentinel_setup  # noqa: F401  (fixture)
 from tests.support.record import Record, violations
+from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -311,7 +311,7 @@ def test_a_sentinel_cache_s_lock_excludes_threads_and_tasks_on_the_master(
 
     assert_one_at_a_time(record)
     lock = default.fifo_lock("job")
-    assert lock.status().fence == max(hold.fence for hold in record.holds())
+    assert lock.status().last_fence == max(hold.fence for hold in record.holds())
     master = sentinel_cache.master
     with Redis(master.host, master.port, db=5) as direct:
         assert direct.exists(LockKeys(lock.name, lock.namespace).key("counters")) == 1
@@ -361,7 +361,7 @@ def test_a_cluster_cache_s_lock_excludes_threads_and_tasks(
 
     assert_one_at_a_time(record)
     lock = caches["default"].fifo_lock("job")
-    assert lock.status().fence == max(hold.fence for hold in record.holds())
+    assert lock.status().last_fence == max(hold.fence for hold in record.holds())
     with RedisCluster.from_url(cluster_cache.url) as client:
         assert client.exists(LockKeys(lock.name, lock.namespace).key("counters")) == 1
 

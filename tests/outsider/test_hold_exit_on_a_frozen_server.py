@@ -24,13 +24,9 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, LockError, SyncFifoLock
-from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+from redis_fifo_lock.testing import PrivateRedisFactory
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def server_pid(server: PrivateRedis) -> int:
-    return int((server.datadir / f"redis-server.{server.port}.pid").read_text().strip())
 
 
 async def test_async_hold_exit_is_bounded_when_redis_freezes(
@@ -39,7 +35,7 @@ async def test_async_hold_exit_is_bounded_when_redis_freezes(
     server = fresh_redis_server()
     client = AsyncRedis.from_url(server.url)  # redis-py's defaults, as in the README
     lock = FifoLock(client, "frozen-exit", lease_ms=1000, poll_ms=500)
-    pid = server_pid(server)
+    pid = server.pid
     frozen = False
     try:
 
@@ -75,7 +71,7 @@ def test_sync_hold_exit_is_bounded_when_redis_freezes(
 ) -> None:
     server = fresh_redis_server()
     lock = SyncFifoLock(server.url, "frozen-exit-sync", lease_ms=1000, poll_ms=500)
-    pid = server_pid(server)
+    pid = server.pid
     finished = threading.Event()
     frozen = threading.Event()
 

@@ -1,17 +1,17 @@
 """Real Celery workers for the tests, and the record their tasks keep.
 
-``running_worker`` starts ``celery -A tests.celery_app worker`` (or another
+``running_worker`` starts ``celery -A tests.celery_tests.celery_app worker`` (or another
 app module) as a subprocess in a session of its own, counts it as started only once a ping task has
 round-tripped through that very worker, and stops it with a bounded warm
 shutdown that fails loudly (naming the knob to raise) and leaves no process
 behind. ``Log`` reads what the tasks wrote to the record (see
-``tests/celery_app.py``); ``assert_serial`` checks it.
+``tests/celery_tests/celery_app.py``) as ``TaskHold`` records, which
+``tests.support.record.violations`` checks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -29,7 +29,9 @@ from celery import Task
 from celery.exceptions import TimeoutError as ResultTimeout
 from redis import Redis
 
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
+from tests.support.processes import alive
+from tests.support.record import Hold
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_START_TIMEOUT_S = 30.0
@@ -61,14 +63,6 @@ class Worker:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _stop(worker: Worker) -> None:
     """Warm shutdown with a bound; fails loudly, and leaves no process behind."""
     process = worker.process
@@ -78,11 +72,11 @@ def _stop(worker: Worker) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=WORKER_STOP_TIMEOUT_S)
     # Its pool's children may outlive it by a moment; nothing signals their end.
-    while _group_alive(process.pid) and time.monotonic() < deadline:
+    while alive(process.pid, group=True) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if process.returncode == 0 and not _group_alive(process.pid):
+    if process.returncode == 0 and not alive(process.pid, group=True):
         return
-    if _group_alive(process.pid):
+    if alive(process.pid, group=True):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=5)
     pytest.fail(
@@ -101,11 +95,11 @@ def running_worker(
     concurrency: int = CONCURRENCY,
     profile: str = "",
     queue: str | None = None,
-    app: str = "tests.celery_app",
+    app: str = "tests.celery_tests.celery_app",
     ping: Task[Any, Any] | None = None,
     env: dict[str, str] | None = None,
 ) -> Iterator[Worker]:
-    """A started worker of ``tests.celery_app``, stopped when the block ends.
+    """A started worker of ``tests.celery_tests.celery_app``, stopped when the block ends.
 
     Args:
         base_url: the Redis server (str URL) of the tests (see ``tasks.configure``).
@@ -115,9 +109,9 @@ def running_worker(
         profile: ``$FIFOLOCK_CELERY_PROFILE`` (str) of the worker; default "".
         queue: the queue (str) to send the readiness ping to; default: the
             app's default queue.
-        app: the ``-A`` module (str) of the worker; default ``tests.celery_app``.
+        app: the ``-A`` module (str) of the worker; default ``tests.celery_tests.celery_app``.
         ping: the readiness probe task of that app, answering like
-            ``tests.celery_app.ping``; default that task.
+            ``tests.celery_tests.celery_app.ping``; default that task.
         env: extra environment variables (str to str) of the worker.
     """
     hostname = f"fifolock-{pool}-{uuid.uuid4().hex[:8]}@localhost"
@@ -178,30 +172,22 @@ def _ping(worker: Worker, queue: str | None, ping: Task[Any, Any]) -> int | None
         return warmed
 
 
-@dataclass(frozen=True)
-class Hold:
-    """One execution's hold, from its enter and exit entries."""
+@dataclass(kw_only=True)
+class TaskHold(Hold):
+    """One execution's hold, from its enter and exit entries: the record's
+    ``Hold``, and which task execution held it."""
 
     lock: str
-    fence: int
-    ticket: int
-    pid: int
     thread: int
     task_id: str
     retries: int
     redelivered: bool
-    entered_ns: int
-    exited_ns: int
 
     FROM_ENTRY = ("lock", "fence", "ticket", "pid", "thread", "task_id", "retries", "redelivered")
 
-    def overlaps(self, other: Hold) -> bool:
-        """Whether the two holds were inside at the same moment."""
-        return self.entered_ns < other.exited_ns and other.entered_ns < self.exited_ns
-
 
 class Log:
-    """The record of one test, in the record database (see tests/celery_app.py)."""
+    """The record of one test, in the record database (see tests/celery_tests/celery_app.py)."""
 
     def __init__(self, client: Redis, key: str) -> None:
         self.client = client
@@ -222,7 +208,7 @@ class Log:
         """Every enter and exit entry so far, in order of writing."""
         return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
 
-    def holds(self) -> list[Hold]:
+    def holds(self) -> list[TaskHold]:
         """Every completed hold, in order of entry."""
         entered: dict[tuple[str, int], dict[str, Any]] = {}
         holds = []
@@ -233,8 +219,8 @@ class Log:
                 continue
             start = entered.pop(key)
             holds.append(
-                Hold(
-                    **{name: entry[name] for name in Hold.FROM_ENTRY},
+                TaskHold(
+                    **{name: entry[name] for name in TaskHold.FROM_ENTRY},
                     entered_ns=start["ns"],
                     exited_ns=entry["ns"],
                 )
@@ -262,14 +248,6 @@ class Log:
             self.gate,
             *(f"logs:{lock}{suffix}" for lock in locks for suffix in ("", ":new")),
         )
-
-
-def assert_serial(holds: list[Hold]) -> None:
-    """No two holds overlap; fences and tickets increase in order of entry."""
-    for before, after in itertools.pairwise(holds):
-        assert before.exited_ns <= after.entered_ns, f"overlap: {before} and {after}"
-        assert before.fence < after.fence, f"fence went down: {before} then {after}"
-        assert before.ticket < after.ticket, f"ticket went down: {before} then {after}"
 
 
 def unique(prefix: str) -> str:

@@ -11,6 +11,7 @@ contender's connection arguments (e.g. ``["--cluster", "--url", url]``).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,16 @@ from tests.support.polling import until
 from tests.support.record import Record, violations
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int, *, group: bool = False) -> bool:
+    """Whether process ``pid`` (``group``: any process of process group ``pid``)
+    still exists; a zombie counts."""
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def contender(connection: Sequence[str], record: Path, *args: str) -> subprocess.Popen[str]:

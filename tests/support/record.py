@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,16 +135,36 @@ def read_lines(path: Path) -> list[Line]:
 
 @dataclass
 class Hold:
-    """One recorded hold."""
+    """One hold of a lock, as its holder recorded it: the record of every test
+    that judges exclusion (this file's record, the Celery tasks' record).
 
-    token: str
-    pid: int
-    ticket: int
+    Attributes:
+        fence: the lease's fence (int).
+        ticket: the lease's ticket (int): its place in arrival order.
+        entered_ns: ``time.monotonic_ns()`` just after ``acquire`` returned.
+        exited_ns: ``time.monotonic_ns()`` just before ``release`` was called;
+            None while inside, or when the holder was killed inside.
+        lost: whether the lock told the holder its lease was lost (such a hold
+            may overlap the next one).
+        who: who held it (str, free text), default "".
+        pid: the holder's process id (int), default 0 (not recorded).
+        token: the lease's token (str), default "".
+    """
+
     fence: int
-    who: str
+    ticket: int
     entered_ns: int
     exited_ns: int | None = None
     lost: bool = False
+    who: str = ""
+    pid: int = 0
+    token: str = ""
+
+    def overlaps(self, other: Hold) -> bool:
+        """Whether the two holds were inside at one moment (an open hold lasts for ever)."""
+        self_end = self.exited_ns if self.exited_ns is not None else float("inf")
+        other_end = other.exited_ns if other.exited_ns is not None else float("inf")
+        return self.entered_ns < other_end and other.entered_ns < self_end
 
 
 def read_holds(path: Path) -> list[Hold]:
@@ -152,7 +173,9 @@ def read_holds(path: Path) -> list[Hold]:
     for line in read_lines(path):
         if line.kind == "enter":
             token, ticket, fence, who = line.fields
-            holds[token] = Hold(token, line.pid, int(ticket), int(fence), who, line.ns)
+            holds[token] = Hold(
+                int(fence), int(ticket), line.ns, who=who, pid=line.pid, token=token
+            )
         elif line.kind == "exit":
             token, lost = line.fields
             holds[token].exited_ns = line.ns
@@ -160,8 +183,10 @@ def read_holds(path: Path) -> list[Hold]:
     return sorted(holds.values(), key=lambda hold: hold.entered_ns)
 
 
-def violations(holds: list[Hold], *, allow_open: bool = False) -> list[str]:
-    """Everything wrong with ``holds``; an empty list means the lock held.
+def violations(holds: Sequence[Hold], *, allow_open: bool = False) -> list[str]:
+    """Everything wrong with ``holds`` of one lock, in order of entry; an empty
+    list means the lock held. The one checker of exclusion in the suite (the
+    adversarial checker adds faults, requests and timing on top).
 
     Checks: never two inside at once (a hold whose lease was marked lost may
     overlap the next one: the lock told it so); fences strictly increase in

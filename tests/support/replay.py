@@ -4,18 +4,19 @@ redis-py re-sends a command whose reply did not arrive; if the first copy was
 only delayed (a slow network, a proxy, a frozen server), Redis runs both, the
 first one possibly long after the retry was answered. ``ScriptCalls`` records
 every ``Script.run`` the lock makes (by wrapping it with pytest's
-``monkeypatch``), so a test can send the very same EVALSHA again later, with a
-raw client, as that late copy.
+``monkeypatch``; ``script_calls()`` where no test's monkeypatch is at hand, as
+in an adversarial scenario), so a test can send the very same EVALSHA again
+later, with a raw client, as that late copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from redis_fifo_lock.protocol import AsyncClient, Script
@@ -23,9 +24,11 @@ from redis_fifo_lock.protocol import AsyncClient, Script
 
 @dataclass(frozen=True)
 class ScriptCall:
-    """One script call as sent: the script (its SHA and source), keys and arguments."""
+    """One script call as sent: the script (its SHA and source), the client it
+    went out on, keys and arguments."""
 
     script: Script
+    client: AsyncClient
     keys: tuple[str, ...]
     args: tuple[Any, ...]
 
@@ -35,12 +38,14 @@ class ScriptCall:
             (arg.decode() if isinstance(arg, bytes) else str(arg)) == word for arg in self.args
         )
 
-    async def replay(self, client: Redis) -> Any:
-        """Send the same EVALSHA again (EVAL if the server forgot the script)."""
+    async def replay(self, client: AsyncClient | None = None) -> Any:
+        """Send the same EVALSHA again (EVAL if the server forgot the script), on
+        ``client`` (default: the client the call went out on)."""
+        target = client or self.client
         try:
-            return await client.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
+            return await target.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
         except NoScriptError:
-            return await client.eval(self.script.source, len(self.keys), *self.keys, *self.args)
+            return await target.eval(self.script.source, len(self.keys), *self.keys, *self.args)
 
 
 class ScriptCalls:
@@ -53,7 +58,7 @@ class ScriptCalls:
         calls = self.calls
 
         async def run(self: Script, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
-            calls.append(ScriptCall(self, tuple(keys), tuple(args)))
+            calls.append(ScriptCall(self, client, tuple(keys), tuple(args)))
             return await original(self, client, keys, args)
 
         monkeypatch.setattr(Script, "run", run)
@@ -62,9 +67,23 @@ class ScriptCalls:
         """A position in the sequence, for ``since``."""
         return len(self.calls)
 
-    def since(self, mark: int, *, mentioning: str) -> list[ScriptCall]:
-        """The calls made since ``mark`` that name ``mentioning`` among their arguments."""
-        return [call for call in self.calls[mark:] if call.mentions(mentioning)]
+    def since(self, mark: int, *, mentioning: str, script: str | None = None) -> list[ScriptCall]:
+        """The calls made since ``mark`` that name ``mentioning`` among their
+        arguments, only of ``<script>.lua`` if ``script`` is given."""
+        return [
+            call
+            for call in self.calls[mark:]
+            if call.mentions(mentioning)
+            and (script is None or call.script.filename == f"{script}.lua")
+        ]
+
+
+@contextmanager
+def script_calls() -> Iterator[ScriptCalls]:
+    """A ``ScriptCalls`` recording while the block runs, for code that runs
+    without a test's ``monkeypatch`` fixture (an adversarial scenario)."""
+    with pytest.MonkeyPatch.context() as patch:
+        yield ScriptCalls(patch)
 
 
 def reply_code(reply: Any) -> int:

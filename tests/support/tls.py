@@ -23,18 +23,11 @@ from pathlib import Path
 import trustme
 from redis import Redis
 
-from redis_fifo_lock.testing import PrivateRedis, private_redis_server
+from redis_fifo_lock.testing import PrivateRedis, free_port, private_redis_server
 from tests.support.polling import until_sync
 
 PASSWORD = "s3cret-tls-password"
 """The ``requirepass`` of every TLS server started here."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -96,7 +89,7 @@ def private_tls_redis_server(extra_args: list[str] | None = None) -> Iterator[Tl
         ca.cert_pem.write_to_path(str(ca_file))
         cert.cert_chain_pems[0].write_to_path(str(cert_file))
         cert.private_key_pem.write_to_path(str(key_file))
-        tls_port = _free_port()
+        tls_port = free_port()
         args = [
             *("--tls-port", str(tls_port)),
             *("--tls-cert-file", str(cert_file)),

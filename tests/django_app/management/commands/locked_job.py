@@ -34,6 +34,6 @@ class Command(BaseCommand):
         record.enter(options["who"], lease)
         redis.rpush(ENTERED, options["who"])
         if options["hold_until"]:
-            redis.blpop([options["hold_until"]], timeout=30)
+            redis.blpop([options["hold_until"]], timeout=record.HOLD_LIMIT_S)
         record.leave(options["who"], lease)
         self.stdout.write(f"{options['who']} held fence {lease.fence}")

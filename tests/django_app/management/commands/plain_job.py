@@ -30,7 +30,7 @@ class Command(BaseCommand):
         record.enter(options["who"], None)
         client.rpush(ENTERED, options["who"])
         if options["hold_until"]:
-            client.blpop([options["hold_until"]], timeout=30)
+            client.blpop([options["hold_until"]], timeout=record.HOLD_LIMIT_S)
         record.leave(options["who"], None)
         if options["fail"]:
             raise CommandError(f"{options['who']} failed on purpose", returncode=3)

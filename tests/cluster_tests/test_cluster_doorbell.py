@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
 from redis_fifo_lock.testing import PrivateRedis
-from tests.cluster.conftest import LocalCluster, needs_cluster_pubsub
+from tests.cluster_tests.conftest import LocalCluster, needs_cluster_pubsub
 from tests.support.polling import until
 
 pytestmark = pytest.mark.cluster

@@ -1,7 +1,7 @@
 """A real local Sentinel set-up on loopback, for the Sentinel tests.
 
 The session fixture ``sentinel_setup`` runs one master, one replica and three
-sentinels with :func:`redis_fifo_lock.testing.private_sentinel_setup`, shared
+sentinels with :func:`tests.support.sentinel.private_sentinel_setup`, shared
 by the tests that leave the roles alone. Tests that fail the master over take
 ``fresh_sentinel_setup``, their own set-up, so that each starts from a known
 master. When the set-up cannot be started (no server binary, ...) every test
@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 
-from redis_fifo_lock.testing import PrivateSentinelSetup, private_sentinel_setup
+from tests.support.sentinel import PrivateSentinelSetup, private_sentinel_setup
 
 SERVICE = "mymaster"
 

@@ -1,6 +1,6 @@
 """Hand-offs while the lock's slot migrates to another master (issue #7).
 
-The slot of a lock's keys is moved the proper way (``tests/cluster/slots.py``:
+The slot of a lock's keys is moved the proper way (``tests/cluster_tests/slots.py``:
 SETSLOT IMPORTING/MIGRATING, MIGRATE in batches, SETSLOT NODE on every
 master) while a holder renews its lease and waiters in this process and in
 another one queue up, at several moments: across a hold, around the release
@@ -15,7 +15,7 @@ request granted or ended by a typed error; nothing waits past a generous bound.
 While the slot moves, Redis answers the lock's 7-key scripts with ASK and
 TRYAGAIN; redis-py's cluster client retries those for a while, and the lock
 turns what outlasts that into ``RedisUnavailable``, which the actors retry
-with the same token (``tests/cluster/actor.py``).
+with the same token (``tests/cluster_tests/actor.py``).
 
 One case is odd: a release let in on the master the slot starts to leave
 (all 6 keys still there) deletes the lease, then fails at its hand-off, which
@@ -38,9 +38,9 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
-from tests.cluster.actor import Actor, Summary, summary
-from tests.cluster.conftest import LocalCluster, needs_cluster_pubsub
-from tests.cluster.slots import SlotMover
+from tests.cluster_tests.actor import Actor, Summary, summary
+from tests.cluster_tests.conftest import LocalCluster, needs_cluster_pubsub
+from tests.cluster_tests.slots import SlotMover
 from tests.support.polling import until
 from tests.support.record import Record, violations
 
@@ -55,7 +55,7 @@ BOUND_S = 90.0
 
 
 class Processes:
-    """Actor processes (``python -m tests.cluster.actor``) started by one test."""
+    """Actor processes (``python -m tests.cluster_tests.actor``) started by one test."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
@@ -67,7 +67,7 @@ class Processes:
             [
                 sys.executable,
                 "-m",
-                "tests.cluster.actor",
+                "tests.cluster_tests.actor",
                 "--url",
                 self.cluster.url,
                 "--name",

@@ -22,8 +22,7 @@ import pytest
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
-from redis_fifo_lock.testing import PrivateSentinelSetup
-from tests.sentinel.conftest import close_master_client, master_client, sentinel_url
+from tests.sentinel_tests.conftest import close_master_client, master_client, sentinel_url
 from tests.support.polling import until
 from tests.support.processes import (
     ROOT,
@@ -31,6 +30,7 @@ from tests.support.processes import (
     never_overlap,
     served_in_arrival_order,
 )
+from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.sentinel
 

@@ -25,7 +25,7 @@ from types import TracebackType
 
 from redis.asyncio import Redis
 
-from tests.cluster.conftest import LocalCluster
+from tests.cluster_tests.conftest import LocalCluster
 
 MIGRATE_TIMEOUT_MS = 5000
 

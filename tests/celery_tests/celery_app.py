@@ -1,6 +1,6 @@
 """The Celery app and tasks that the Celery tests (``tests/celery_tests``) run in real workers.
 
-A worker loads it with ``celery -A tests.celery_app worker``; the test process
+A worker loads it with ``celery -A tests.celery_tests.celery_app worker``; the test process
 imports it to send tasks. Both call ``configure(base_url)``: the worker from
 ``$FIFOLOCK_CELERY_REDIS`` at import, the test from its fixture. On that Redis
 server the broker uses database 1 (and so do the locks: no
@@ -63,7 +63,7 @@ VISIBILITY_TIMEOUT_S = 1
 LONG_LIMIT_S, SHORT_HOLD_MS = 30, 5000
 """``limited_beyond_max_hold``: its time limit (s) is longer than its max_hold_ms."""
 
-app = Celery("tests.celery_app")
+app = Celery("tests.celery_tests.celery_app")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -304,6 +304,22 @@ def fail_inside(log: str, key: str) -> None:
 def lease_left(key: str) -> int | None:
     """Milliseconds left on this task's lease, as Redis sees it (override: 3000)."""
     return lock_for(app, current_lease().name).status().lease_left_ms
+
+
+@app.task(bind=True)
+@fifo_locked("holder-{key}")
+def report_holder(self: Task[Any, Any], key: str) -> tuple[str | None, str]:
+    """The holder description Redis records while this task holds its lock, and
+    the task's id."""
+    return lock_for(app, current_lease().name).status().holder, str(self.request.id)
+
+
+@app.task
+@fifo_locked("nest-{key}")
+def nest_own_lock(key: str) -> None:
+    """Take the task's own lock again, without a timeout, through the core's
+    ``SyncFifoLock``: refused at once (it would wait for itself)."""
+    lock_for(app, current_lease().name).acquire()
 
 
 @app.task

@@ -10,7 +10,7 @@ the process (traceback on stderr, exit code 1).
 ``summary()`` reads a record back: the holds with every lease the lock
 declared lost marked so, how each request ended, and the typed errors seen.
 
-Run as a process: ``python -m tests.cluster.actor --url URL --name NAME
+Run as a process: ``python -m tests.cluster_tests.actor --url URL --name NAME
 --record PATH [--tasks N --rounds N --hold-ms LOW HIGH --lease-ms MS
 --poll-ms MS --seed N --who LABEL]``; prints ``done`` at the end.
 """

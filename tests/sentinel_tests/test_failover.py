@@ -29,8 +29,7 @@ import pytest
 from redis import Redis
 
 from redis_fifo_lock import Lease
-from redis_fifo_lock.testing import PrivateSentinelSetup
-from tests.sentinel.scene import (
+from tests.sentinel_tests.scene import (
     Scene,
     overlaps,
     queue_length,
@@ -39,6 +38,7 @@ from tests.sentinel.scene import (
 )
 from tests.support.polling import until, until_sync
 from tests.support.record import Hold, Record, violations
+from tests.support.sentinel import PrivateSentinelSetup
 
 pytestmark = pytest.mark.sentinel
 

@@ -18,15 +18,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, NotReplicated, RedisUnavailable
-from redis_fifo_lock.testing import PrivateRedis, PrivateSentinelSetup
-from tests.sentinel.conftest import close_master_client, master_client
+from redis_fifo_lock.testing import PrivateRedis
+from tests.sentinel_tests.conftest import close_master_client, master_client
 from tests.support.polling import until
 from tests.support.record import Hold, Record
+from tests.support.sentinel import PrivateSentinelSetup, replica_synced
 
 NAME = "failover"
 RETRY_S = 0.2
@@ -133,13 +133,8 @@ async def wait_for_new_master(setup: PrivateSentinelSetup, old: tuple[str, int])
 async def wait_for_replica(server: PrivateRedis) -> None:
     """Wait until ``server`` is a replica in sync with its master."""
 
-    def synced() -> bool:
-        with SyncRedis(host=server.host, port=server.port, decode_responses=True) as client:
-            info = client.info("replication")
-        return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
-
     async def check() -> bool:
-        return await asyncio.to_thread(synced)
+        return await asyncio.to_thread(replica_synced, server)
 
     await until(check, f"the server on port {server.port} is a replica in sync")
 

@@ -20,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.cluster import RedisCluster as SyncRedisCluster
 
 from redis_fifo_lock import FifoLock
-from tests.cluster.conftest import LocalCluster, needs_cluster_pubsub
+from tests.cluster_tests.conftest import LocalCluster, needs_cluster_pubsub
 from tests.support.polling import until
 from tests.support.processes import killed_holder_replaced, never_overlap, served_in_arrival_order
 

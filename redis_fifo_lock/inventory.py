@@ -1,0 +1,54 @@
+"""Which locks exist: the names of every lock with a key in Redis, for operators.
+
+The names are found with ``SCAN`` (never ``KEYS``, which blocks the server for
+as long as it walks the whole keyspace), matching the key pattern of one
+namespace (see ``acl.key_pattern``). A lock shows up while any of its keys
+exists: while it is held or waited for, and for ``keep_ms`` after it was last
+used. On Redis Cluster, redis-py's ``scan_iter`` walks every master.
+"""
+
+from __future__ import annotations
+
+from .acl import key_pattern
+from .clients import LoopClients
+from .portal import portal
+from .protocol import KEY_PREFIX, AsyncClient
+
+SCAN_COUNT = 1000
+"""How many keys each ``SCAN`` call asks the server to look at (its ``COUNT``)."""
+
+
+def _name_of(key: str, prefix: str) -> str | None:
+    """The lock name in ``key`` (``<prefix>{<name>}:<part>``), or None for another key."""
+    if not key.startswith(prefix):
+        return None
+    name, closed, _ = key[len(prefix) :].partition("}:")
+    return name if closed else None
+
+
+async def lock_names(client: AsyncClient, namespace: str = "") -> list[str]:
+    """The names (str) of the locks of ``namespace`` (str, "" for none) that have
+    any key in Redis, sorted.
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached or refused SCAN
+            (the lock user's ACL needs ``+scan`` for this).
+    """
+    prefix = f"{namespace}:{KEY_PREFIX}:{{" if namespace else f"{KEY_PREFIX}:{{"
+    names: set[str] = set()
+    async for key in client.scan_iter(match=key_pattern(namespace), count=SCAN_COUNT):
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+        name = _name_of(text, prefix)
+        if name is not None:
+            names.add(name)
+    return sorted(names)
+
+
+def lock_names_sync(clients: LoopClients, namespace: str = "") -> list[str]:
+    """``lock_names`` for sync code: run on the process's portal loop with its
+    client from ``clients``. Raises what ``lock_names`` raises."""
+
+    async def run() -> list[str]:
+        return await lock_names(clients.client(), namespace)
+
+    return portal().call(f"{namespace}:*" if namespace else "*", run)

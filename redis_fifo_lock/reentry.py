@@ -1,0 +1,145 @@
+"""No waiting for yourself: a lock is not reentrant, and asking for it again is an error.
+
+A caller that holds a lock, or waits for it, and asks for the same lock again
+(same name and namespace) from the same flow of control would wait for itself
+for ever: the second request queues behind the first, which is never released.
+``claim()`` refuses that at once with ``LockUsageError`` - when the second
+request has no timeout. One with a timeout cannot wait for ever: it keeps its
+meaning of old, waits, and ends in ``LockTimeout`` (unless the first lease is
+lost or forcibly released meanwhile).
+
+"The same flow of control" is what a ``ContextVar`` follows - the same thread,
+or the same asyncio task, and code its caller blocks on that carries the
+context along (``async_to_sync``, ``sync_to_async``, ``asyncio.to_thread``) -
+less one case: a *different* live task on the event loop of the task that
+holds the lock. That task inherited the context if the holder started it, but
+it may well be meant to wait its turn (a background job, a test's contender),
+so it is not refused and queues like any other request. The price: a task the
+holder itself awaits (``asyncio.gather``, a ``TaskGroup``, and ``wait_for`` on
+Python 3.10 and 3.11, which run the awaited call in a task of its own) is not
+recognised, and waits until its or the holder's timeout.
+
+A claim ends when its request fails or its lease is released, wherever that
+happens (another thread, another loop), so nothing that inherited it is
+refused after that. The sync facade checks in the caller's thread (its portal
+loop runs every call in an empty context), so a ``with`` nested in a ``with``
+of the same lock is refused before anything is sent to Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from .errors import LockUsageError
+from .lease import Lease
+from .protocol import LockKeys
+
+
+@dataclass(eq=False)
+class Claim:
+    """One request of this flow of control for one lock, from its acquire to its
+    release.
+
+    Attributes:
+        keys: the lock's keys (its name and namespace).
+        where: the flow of control that made it, for messages (str).
+        holder: the description its request records (str, see ``holder.py``).
+        task: a weak reference to the asyncio task that made it, if any.
+        lease: the lease once granted; None while waiting.
+        ended: True once the request failed (timeout, error, cancellation).
+    """
+
+    keys: LockKeys
+    where: str
+    holder: str
+    task: weakref.ref[asyncio.Task[object]] | None = field(default=None, repr=False)
+    lease: Lease | None = None
+    ended: bool = False
+
+    @property
+    def active(self) -> bool:
+        """True while the request waits or its lease is held: not released, and
+        not lost (a lost lease - refused renewal, or expired after a release
+        that could not reach Redis - no longer keeps anyone out)."""
+        if self.ended:
+            return False
+        return self.lease is None or not (self.lease.released or self.lease.lost)
+
+    def granted(self, lease: Lease) -> None:
+        """The request was granted ``lease``: the claim lasts until it is released."""
+        self.lease = lease
+
+    def failed(self) -> None:
+        """The request ended without a lease (timeout, error, cancellation)."""
+        self.ended = True
+
+
+_claims: ContextVar[tuple[Claim, ...]] = ContextVar("fifolock_claims", default=())
+
+
+def _running_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop: sync code
+        return None
+
+
+def _another_task(mine: Claim, task: asyncio.Task[object] | None) -> bool:
+    """Whether ``task`` is another live task of the loop running ``mine``'s task."""
+    other = mine.task() if mine.task is not None else None
+    if task is None or other is None or other is task or other.done():
+        return False
+    return other.get_loop() is task.get_loop()
+
+
+def claim(
+    keys: LockKeys, holder: str, *, token: str | None = None, timeout: float | None = None
+) -> Claim:
+    """Record that this flow of control asks for lock ``keys``.
+
+    Args:
+        keys: the lock's keys.
+        holder: the description of the caller (str) for messages.
+        token: the request token asked for (str), if the caller gave one: a
+            retry of a request this flow already holds (same token) is not
+            refused - Redis returns the same grant.
+        timeout: the request's timeout in seconds (float), None for none. Only
+            a request without one is refused: it would wait for ever, while a
+            timed one ends in ``LockTimeout`` as it always did (and is
+            recorded, so that an untimed request nested in it is refused).
+
+    Returns:
+        the ``Claim``; call ``granted()`` or ``failed()`` on it.
+
+    Raises:
+        LockUsageError: ``timeout`` is None and this thread or task already
+            holds the lock or waits for it; the message names the lock and
+            where it is held.
+    """
+    task = _running_task()
+    live = tuple(claim for claim in _claims.get() if claim.active)
+    for mine in live if timeout is None else ():
+        if mine.keys != keys:
+            continue
+        if token is not None and mine.lease is not None and mine.lease.token == token:
+            continue
+        if _another_task(mine, task):
+            continue  # it may wait for the holder in the ordinary way
+        state = f"held (fence {mine.lease.fence})" if mine.lease is not None else "being waited for"
+        raise LockUsageError(
+            keys.name,
+            f"already {state} by {mine.where} ({mine.holder}), and asked for again "
+            "there: the lock is not reentrant, so this request would wait for itself "
+            "for ever. Use the lease already held, or release it first",
+        )
+    if task is not None:
+        where = f"asyncio task {task.get_name()!r}"
+    else:
+        where = f"thread {threading.current_thread().name!r}"
+    new = Claim(keys, where, holder, weakref.ref(task) if task is not None else None)
+    _claims.set((*live, new))
+    return new

@@ -1,0 +1,274 @@
+"""Dropped connections, lost replies, retries, and late and repeated releases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tests.adversarial.actors import Actor, Plan
+from tests.adversarial.arena import Arena, in_fresh_arena
+from tests.adversarial.faults import kill_connections
+from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
+from tests.support.record import read_lines
+
+
+async def _reply_lost(arena: Arena, held: bool, *, resent: bool) -> list[str]:
+    """The acquire script ran, the connection is killed before its reply is read,
+    and the same acquire is sent again: same ticket, or the same grant.
+
+    ``resent``: redis-py's own retry re-sends the script (the client keeps its
+    default retries). Otherwise the client has no retries, ``acquire`` raises
+    ``RedisUnavailable`` and the caller retries with the same token, as the
+    README's "Idempotence" promises it may."""
+    holder = await arena.enter("h") if held else None
+    client = arena.client("v", retries=resent)
+    victim = arena.lock(client)
+    actor = Actor(arena.record, "v")
+    seen: dict[str, Any] = {}
+
+    async def drop_reply(conn: Any, name: str, args: tuple[Any, ...]) -> None:
+        if name != "EVALSHA" or "v" not in [
+            a.decode() if isinstance(a, bytes) else a for a in args
+        ]:
+            return
+        client.after_send = None
+        if held:
+            ticket = await arena.until(
+                lambda: arena.admin.zscore(arena.keys.key("queue"), "v"), "v queued"
+            )
+            seen["ticket"] = int(ticket)
+            nxt, token = arena.waiter("n", Plan(0.01))
+            seen["next"] = (nxt, token)
+            await arena.until(lambda: arena.queued(token), "n is queued behind v")
+        else:
+            status = await arena.until(lambda: _status_held(arena), "v's grant is in Redis")
+            seen["ticket"], seen["fence"] = status.holder_ticket, status.holder_fence
+        arena.record.queued("v", seen["ticket"], not held)  # what Redis did, as the driver saw
+        arena.faults.fault("clientkill", os.getpid())
+        await kill_connections(arena, "v")
+        # The kill beats the reply: what redis-py raises when the socket dies before
+        # the reply is read (a reply already buffered would otherwise still be read).
+        raise RedisConnectionError("Connection closed by server (CLIENT KILL)")
+
+    client.after_send = drop_reply
+    acquiring = asyncio.create_task(
+        actor.acquire(victim, "v", Plan(0.05, timeout_s=5, retry_s=0.0 if resent else 3.0))
+    )
+    if holder is not None:
+        await arena.until(lambda: "next" in seen, "the reply is being dropped")
+        await arena.until(lambda: _retried(arena, "v"), "v retried")
+        await arena.leave(*holder)
+    lease = await acquiring
+    problems = []
+    if lease is None:
+        problems.append("the retried acquire never got the lock")
+    else:
+        await actor.hold(lease, 0.05)
+        await actor.release(victim, lease, Plan(0))
+        # redis-py's own re-send must find the request where it was. A caller's
+        # retry after RedisUnavailable races the withdrawal of the request whose
+        # reply was lost (issue 11: withdrawn as soon as Redis answers): it keeps
+        # its place if it comes first, else it queues (and is granted) anew.
+        if resent and lease.ticket != seen.get("ticket"):
+            problems.append(
+                f"the retry took ticket {lease.ticket}, not its place {seen.get('ticket')}"
+            )
+        if resent and not held and lease.fence != seen.get("fence"):
+            problems.append(f"the retry got fence {lease.fence}, not its grant {seen.get('fence')}")
+    if "next" in seen:
+        nxt, token = seen["next"]
+        problems += await arena.served(nxt, token, 5.0)
+    status = await arena.lock(arena.admin).status()
+    if resent and not held and status.last_fence != seen.get("fence"):
+        problems.append("the retried acquire was granted twice (the fence counter moved)")
+    if status.held or status.waiting:
+        problems.append(f"the lost request was left behind: {status}")
+    return problems
+
+
+def _retried(arena: Arena, token: str) -> bool:
+    """Whether ``token``'s retried acquire got its reply (a second ``queued`` line:
+    the first is the driver's note of what the lost call did)."""
+    lines = [line for line in read_lines(arena.record.path) if line.fields[:1] == [token]]
+    return sum(line.kind == "queued" for line in lines) >= 2
+
+
+async def _status_held(arena: Arena) -> Any:
+    status = await arena.lock(arena.admin).status()
+    return status if status.held else None
+
+
+async def _killed_while_waiting(arena: Arena) -> list[str]:
+    """Every connection of a waiting process is killed: it still gets its turn."""
+    holder = await arena.enter("h")
+    victim, token = arena.waiter("v", Plan(0.01))
+    await arena.until(lambda: arena.queued(token), "v is queued")
+    nxt, next_token = arena.waiter("n", Plan(0.01))
+    await arena.until(lambda: arena.queued(next_token), "n is queued")
+    arena.faults.fault("clientkill", os.getpid())
+    killed = await kill_connections(arena, "v")
+    await arena.leave(*holder)
+    problems = [] if killed else ["found no connection of v to kill"]
+    problems += await arena.served(victim, token, POLL_MS / 1000 + 1.5)
+    return problems + await arena.served(nxt, next_token, 3.0)
+
+
+@scenario(
+    "connection-killed",
+    kills=("acquire-not-idempotent", "doorbell-only"),
+    faults="CLIENT KILL of a caller's connection after its acquire ran, and of a waiter",
+)
+async def connection_killed(ctx: Context) -> Outcome:
+    """Acquire re-sent by redis-py after its reply was lost to CLIENT KILL
+    (queued: it keeps its place; granted: it gets the same grant, not a second
+    one), and a waiter whose connections are all killed still gets its turn
+    (with a 2 s lease; see ``connection-killed-short-lease`` for 400 ms)."""
+    return await _connection_killed(ctx, "connection-killed", waiting_lease_ms=2000)
+
+
+@scenario(
+    "same-token-retry",
+    kills=(),
+    faults="CLIENT KILL after the acquire ran (no redis-py retries); the caller retries "
+    "with the same token",
+)
+async def same_token_retry(ctx: Context) -> Outcome:
+    """The README's idempotence promise, from the caller's side: ``acquire`` raised
+    ``RedisUnavailable`` after its script ran, and the caller retries with the
+    same token: it gets the lock (keeping its place if its retry beats the
+    withdrawal of the lost request, else queueing anew), nothing is left behind,
+    and the waiter after it is served. (Was core bug 5: the withdrawal marked the
+    token as ended and the retry raised ``LockUsageError``.)"""
+    server = ctx.servers()
+    problems: list[str] = []
+    for label, held in (("queued", True), ("granted", False)):
+        found = await in_fresh_arena(
+            Arena(ctx, server.url, f"retry-{label}"),
+            partial(_reply_lost, held=held, resent=False),
+        )
+        problems += [f"{label}: {problem}" for problem in found]
+    return outcome(ctx, "same-token-retry", problems)
+
+
+@scenario(
+    "connection-killed-short-lease",
+    kills=(),
+    faults="CLIENT KILL of a waiter's connections, lease_ms 400",
+)
+async def connection_killed_short_lease(ctx: Context) -> Outcome:
+    """As ``connection-killed`` with the usual 400 ms lease: the waiter whose
+    connections were killed must still keep its place among live waiters."""
+    return await _connection_killed(ctx, "connection-killed-short-lease", waiting_lease_ms=LEASE_MS)
+
+
+async def _connection_killed(ctx: Context, name: str, waiting_lease_ms: int) -> Outcome:
+    server = ctx.servers()
+    problems: list[str] = []
+    cases: dict[str, tuple[Callable[[Arena], Awaitable[list[str]]], int]] = {
+        "queued": (lambda arena: _reply_lost(arena, held=True, resent=True), LEASE_MS),
+        "granted": (lambda arena: _reply_lost(arena, held=False, resent=True), LEASE_MS),
+        "waiting": (_killed_while_waiting, waiting_lease_ms),
+    }
+    if name.endswith("short-lease"):
+        del cases["queued"], cases["granted"]
+    for label, (case, lease_ms) in cases.items():
+        found = await in_fresh_arena(
+            Arena(ctx, server.url, f"killed-{label}", lease_ms=lease_ms), case
+        )
+        problems += [f"{label}: {problem}" for problem in found]
+    return outcome(ctx, name, problems)
+
+
+async def _late_release(arena: Arena) -> list[str]:
+    """The lease vanishes between a holder's exit and its release; by the time the
+    release arrives the next holder is inside. The late release must raise
+    LeaseLost and leave the new holder alone."""
+    lock_a, actor_a, lease_a = await arena.enter("a")
+    second, second_token = arena.waiter("b", Plan(3 * LEASE_MS / 1000))
+    await arena.until(lambda: arena.queued(second_token), "b is queued")
+    third, third_token = arena.waiter("c", Plan(0.01))
+    await arena.until(lambda: arena.queued(third_token), "c is queued")
+    actor_a.record.exit(lease_a)
+    arena.faults.fault("delete", "lease")
+    await arena.admin.delete(arena.keys.key("lease"))  # the lease is gone (expired, evicted)
+    await arena.until(lambda: arena.entered(second_token), "b entered", 5)
+    outcome_a = await actor_a.release(lock_a, lease_a, Plan(0, repeat_release=True))
+    status = await lock_a.status()
+    problems = []
+    if outcome_a != "leaselost":
+        problems.append(f"the late release gave {outcome_a!r}, expected LeaseLost")
+    fence_b = next(
+        int(line.fields[2])
+        for line in read_lines(arena.record.path)
+        if line.kind == "enter" and line.fields[0] == second_token
+    )
+    if status.holder_fence != fence_b:
+        problems.append(
+            f"after the late release the holder is {status.holder_fence}, not b ({fence_b})"
+        )
+    problems += await arena.served(second, second_token, 5.0)
+    return problems + await arena.served(third, third_token, 5.0)
+
+
+async def _repeated_release(arena: Arena) -> list[str]:
+    """A release sent twice (a retry after a lost reply) while the next holder is
+    inside: the second is a no-op, never LeaseLost, never a second hand-off."""
+    lock_x, actor_x, lease_x = await arena.enter("x")
+    second, second_token = arena.waiter("y", Plan(2 * LEASE_MS / 1000))
+    await arena.until(lambda: arena.queued(second_token), "y is queued")
+    third, third_token = arena.waiter("z", Plan(0.01))
+    await arena.until(lambda: arena.queued(third_token), "z is queued")
+    actor_x.record.exit(lease_x)
+    first = await actor_x.release(lock_x, lease_x, Plan(0))
+    await arena.until(lambda: arena.entered(second_token), "y entered", 5)
+    await actor_x.repeat_release(lock_x, lease_x)
+    status = await lock_x.status()
+    problems = [] if first == "ok" else [f"the first release gave {first!r}"]
+    if status.held and status.holder_ticket is not None:
+        y_ticket = next(
+            int(line.fields[1])
+            for line in read_lines(arena.record.path)
+            if line.kind == "enter" and line.fields[0] == second_token
+        )
+        if status.holder_ticket != y_ticket:
+            problems.append("the repeated release moved the lock away from y")
+    else:
+        problems.append("the repeated release freed y's lock")
+    problems += await arena.served(second, second_token, 5.0)
+    return problems + await arena.served(third, third_token, 5.0)
+
+
+async def _release_elsewhere(arena: Arena) -> list[str]:
+    """A lease released through another lock object of the same name (and another
+    client): the lease, not the object, carries ownership."""
+    _, actor, lease = await arena.enter("p")
+    other = arena.lock(arena.client("q"))
+    actor.record.exit(lease)
+    outcome_p = await actor.release(other, lease, Plan(0, repeat_release=True))
+    return [] if outcome_p == "ok" else [f"release through another object gave {outcome_p!r}"]
+
+
+@scenario(
+    "late-and-repeated-releases",
+    kills=("release-no-owner-check",),
+    faults="a release after the lease vanished; the same release sent twice",
+)
+async def late_and_repeated_releases(ctx: Context) -> Outcome:
+    """Late, repeated and cross-object releases never free someone else's lock."""
+    server = ctx.servers()
+    problems: list[str] = []
+    cases = {"late": _late_release, "repeated": _repeated_release, "elsewhere": _release_elsewhere}
+    for label, case in cases.items():
+        arena = Arena(ctx, server.url, f"release-{label}")
+        try:
+            found = await case(arena)
+            found += await arena.consistent()
+        finally:
+            await arena.close()
+        problems += [f"{label}: {problem}" for problem in found]
+    return outcome(ctx, "late-and-repeated-releases", problems)

@@ -1,0 +1,187 @@
+"""The operator command: ``manage.py fifolock list|status|release --force``, Django's
+common options anywhere on the line, and Redis errors as one-line ``CommandError``s.
+
+Run in-process with ``call_command`` where that is enough, and as real
+``manage.py`` processes (``django_app.testing.manage``) for exit statuses,
+stderr and processes killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django_app.testing import finish, manage, wait_until
+from redis import Redis
+
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients
+from redis_fifo_lock.portal import portal
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+HERE = f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def run_json(*args: str, capsys: pytest.CaptureFixture[str]) -> Any:
+    call_command("fifolock", *args, "--json")
+    return json.loads(capsys.readouterr().out)
+
+
+def acquire_in_thread(cache: Any, name: str) -> tuple[threading.Thread, list[Lease]]:
+    """Another thread queues for ``name`` (10 s at most); its lease lands in the list."""
+    leases: list[Lease] = []
+    thread = threading.Thread(
+        target=lambda: leases.append(cache.fifo_lock(name, timeout=10).acquire())
+    )
+    thread.start()
+    return thread, leases
+
+
+def test_list_shows_every_lock_of_the_namespace_with_holder_fence_and_live_waiters(
+    counter_cache: Any, redis: Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with counter_cache.fifo_lock("idle"):
+        pass
+    # Same name, another namespace: not this cache's lock.
+    portal().call("x", lambda: _use_elsewhere(redis_url))
+    calls_before = _keys_calls(redis)
+    held = counter_cache.fifo_lock("busy").acquire()
+    waiter, leases = acquire_in_thread(counter_cache, "busy")
+    wait_until(lambda: counter_cache.fifo_lock("busy").status().live_waiting == 1, "a waiter")
+    rows = run_json("list", capsys=capsys)
+    call_command("fifolock", "list")
+    text = capsys.readouterr().out.splitlines()
+    counter_cache.fifo_lock("busy").release(held)
+    waiter.join(10)
+    counter_cache.fifo_lock("busy").release(leases[0])
+
+    assert [row["redis_lock"] for row in rows] == ["tests:3:busy", "tests:3:idle"]
+    busy, idle = rows
+    assert (busy["held"], busy["holder_fence"], busy["live_waiting"]) == (True, held.fence, 1)
+    assert busy["holder"] == HERE
+    assert (idle["held"], idle["holder"], idle["live_waiting"]) == (False, None, 0)
+    assert text[0].split() == ["lock", "holder", "fence", "live", "waiters", "holder"]
+    assert text[1].split() == ["tests:3:busy", str(held.fence), "1", *HERE.split()]
+    assert text[2].split() == ["tests:3:idle", "-", "0", "(free)"]
+    assert _keys_calls(redis) == calls_before  # SCAN, never KEYS
+
+
+async def _use_elsewhere(redis_url: str) -> None:
+    lock = FifoLock(LoopClients(redis_url), "busy", namespace="another-app")
+    await lock.release(await lock.acquire(timeout=5))
+
+
+def _keys_calls(redis: Redis) -> int:
+    stats = redis.info("commandstats").get("cmdstat_keys", {})
+    return int(stats.get("calls", 0)) if isinstance(stats, dict) else 0
+
+
+def test_status_names_the_holder_and_counts_only_live_waiters(
+    redis_url: str, counter_cache: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = counter_cache.fifo_lock("batch")
+    held = lock.acquire()
+    waiter = manage(redis_url, "fifolock", "run", "batch", "--", "plain_job", "killed")
+    wait_until(lambda: lock.status().live_waiting == 1, "the waiter process is queued")
+    os.kill(waiter.pid, signal.SIGKILL)
+    assert finish(waiter)[0] == -signal.SIGKILL
+    # Its liveness lasts LEASE_MS (600 ms) after its last poll.
+    wait_until(lambda: lock.status().live_waiting == 0, "the killed waiter stops counting")
+    call_command("fifolock", "status", "batch")
+    lines = capsys.readouterr().out.splitlines()
+    data = run_json("status", "batch", capsys=capsys)
+    lock.release(held)
+
+    assert lines[1] == f"held        yes, by fence {held.fence} (ticket {held.ticket})"
+    assert lines[2] == f"holder      {HERE}"
+    assert lines[4] == "waiting     0 (and 1 of dead processes)"
+    assert (data["holder"], data["waiting"], data["live_waiting"]) == (HERE, 1, 0)
+
+
+def test_status_of_an_unknown_name_says_there_is_no_such_lock(
+    counter_cache: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call_command("fifolock", "status", "never-used")
+    lines = capsys.readouterr().out.splitlines()
+    data = run_json("status", "never-used", capsys=capsys)
+
+    assert lines == [
+        "lock        never-used (Redis lock 'tests:3:never-used', FIFOLOCK['CACHE'])",
+        "state       no such lock (never used, or expired)",
+    ]
+    assert (data["exists"], data["held"], data["last_fence"]) == (False, False, 0)
+
+
+def test_release_force_frees_the_lock_the_holder_loses_it_and_the_next_gets_a_higher_fence(
+    counter_cache: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = counter_cache.fifo_lock("stuck")
+    held = lock.acquire()
+    waiter, leases = acquire_in_thread(counter_cache, "stuck")
+    wait_until(lambda: lock.status().live_waiting == 1, "a waiter")
+    with pytest.raises(CommandError, match="pass --force"):
+        call_command("fifolock", "release", "stuck")
+    with pytest.raises(CommandError, match="not held with fence 1: nothing was released"):
+        call_command("fifolock", "release", "--force", "stuck", "--fence", "1")
+    call_command("fifolock", "release", "stuck", "--force")
+    out = capsys.readouterr().out
+    waiter.join(10)
+    # The holder's renewal (every LEASE_MS / 3) is refused: its lease is lost.
+    wait_until(lambda: held.lost, "the evicted holder's next renewal")
+
+    assert f"held by fence {held.fence}; its holder's next renewal fails" in out
+    assert leases[0].fence > held.fence
+    assert "refused" in (held.lost_reason or "")
+    with pytest.raises(LeaseLost):
+        lock.release(held)
+    assert lock.status().holder_fence == leases[0].fence
+    lock.release(leases[0])
+
+
+def test_django_s_common_options_are_accepted_after_the_subcommand(
+    redis_url: str, counter_cache: Any
+) -> None:
+    status = finish(
+        manage(
+            redis_url,
+            "fifolock",
+            "status",
+            "x",
+            "-v",
+            "2",
+            "--traceback",
+            "--settings",
+            "django_app.settings",
+            "--no-color",
+        )
+    )
+    ran = finish(
+        manage(redis_url, "fifolock", "run", "x", "--verbosity", "2", "--", "plain_job", "me")
+    )
+
+    assert status[0] == 0, status[2]
+    assert ran[:2] == (0, "me ran\n"), ran[2]
+    assert "fifolock: 'tests:3:x' held with fence" in ran[2]
+
+
+@pytest.mark.parametrize("action", [["status", "x"], ["list"], ["release", "--force", "x"]])
+def test_redis_down_is_a_one_line_command_error_saying_what_to_check(
+    action: list[str],
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    code, out, err = finish(manage(dead, "fifolock", *action))
+
+    assert (code, out) == (1, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("CommandError: ")
+    assert "check that the server is reachable" in err or "check that the server is running" in err
+    assert dead.rsplit("/", 1)[0].removeprefix("redis://") in err
