@@ -569,33 +569,14 @@ class FifoLock:
         # release, so it can neither revive the lease nor mark it lost.
         stopped = lease.begin_release()
         hub = hub_for(self.client)
-        session = hub.session_for(self.settings)
-
-        async def send(client: AsyncClient) -> tuple[float, tuple[int, tuple[str, Grant] | None]]:
-            sent = time.monotonic()  # once in the lane: a handed-over grant is dated from it
-            return sent, await self._protocol.release(
-                client,
-                self.keys,
-                lease.token,
-                lease.fence,
-                self.settings.keep_ms,
-                lease.call,
-                session,
-                call_ids().floor(self.keys),
-            )
-
         try:
-            with call_ids().in_flight(self.keys, lease.call):
-                sent, (outcome, handover) = await hub.run(hub.urgent, send)
+            outcome = await self._send_release(hub, lease.token, lease.fence, lease.call)
         except BaseException:
             lease.release_failed()
             raise
         lease.mark_released()
         metrics.hold_ended(lease, lost=outcome == NOT_HELD or lease.lost_reason is not None)
         hub.leases.pop((self.keys, lease.token), None)
-        if handover is not None:
-            # The next holder waits in this process: no ring was sent for it.
-            hub.hand_over(self.keys, self.settings, self._protocol, handover, sent)
         if stopped is not None and not stopped.done():
             await end_renewal(stopped)
         if outcome == NOT_HELD:
@@ -616,6 +597,48 @@ class FifoLock:
                 "overlapped with another holder",
                 fence=lease.fence,
                 token=lease.token,
+            )
+
+    async def _send_release(self, hub: Hub, token: str, fence: int, call: str) -> int:
+        """Run the release script for the grant (token, fence) made to acquire
+        call ``call``, and hand the lock to the next holder if it waits in this
+        process; returns RELEASED, ALREADY_RELEASED or NOT_HELD."""
+        session = hub.session_for(self.settings)
+
+        async def send(client: AsyncClient) -> tuple[float, tuple[int, tuple[str, Grant] | None]]:
+            sent = time.monotonic()  # once in the lane: a handed-over grant is dated from it
+            return sent, await self._protocol.release(
+                client,
+                self.keys,
+                token,
+                fence,
+                self.settings.keep_ms,
+                call,
+                session,
+                call_ids().floor(self.keys),
+            )
+
+        with call_ids().in_flight(self.keys, call):
+            sent, (outcome, handover) = await hub.run(hub.urgent, send)
+        if handover is not None:
+            # The next holder waits in this process: no ring was sent for it.
+            hub.hand_over(self.keys, self.settings, self._protocol, handover, sent)
+        return outcome
+
+    async def _release_dropped(self, hub: Hub, token: str, fence: int, call: str) -> None:
+        """Release the grant (token, fence) of a lease its holder dropped without
+        releasing it (see ``renewal.Renewal``); a failure is logged, and the
+        grant then expires with its lease."""
+        try:
+            await self._send_release(hub, token, fence, call)
+        except (LockError, redis.RedisError) as exc:
+            log.warning(
+                "FIFO lock %r: could not release the dropped lease of fence %d (%s); it "
+                "expires within lease_ms (%d)",
+                self.name,
+                fence,
+                exc,
+                self.settings.lease_ms,
             )
 
     async def status(self) -> LockStatus:

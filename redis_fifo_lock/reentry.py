@@ -49,7 +49,9 @@ class Claim:
         where: the flow of control that made it, for messages (str).
         holder: the description its request records (str, see ``holder.py``).
         task: a weak reference to the asyncio task that made it, if any.
-        lease: the lease once granted; None while waiting.
+        lease: a weak reference to the lease once granted; None while
+            waiting. (Weak: a claim never keeps a dropped lease, and so its
+            lock, alive; see ``renewal.Renewal``.)
         ended: True once the request failed (timeout, error, cancellation).
     """
 
@@ -57,7 +59,7 @@ class Claim:
     where: str
     holder: str
     task: weakref.ref[asyncio.Task[object]] | None = field(default=None, repr=False)
-    lease: Lease | None = None
+    lease: weakref.ref[Lease] | None = None
     ended: bool = False
 
     @property
@@ -67,18 +69,28 @@ class Claim:
         that could not reach Redis - no longer keeps anyone out)."""
         if self.ended:
             return False
-        return self.lease is None or not (self.lease.released or self.lease.lost)
+        if self.lease is None:
+            return True
+        lease = self.lease()
+        return lease is not None and not (lease.released or lease.lost)
 
     def granted(self, lease: Lease) -> None:
         """The request was granted ``lease``: the claim lasts until it is released."""
-        self.lease = lease
+        self.lease = weakref.ref(lease)
+        _kept_by[lease] = self
 
     def failed(self) -> None:
         """The request ended without a lease (timeout, error, cancellation)."""
         self.ended = True
 
 
-_claims: ContextVar[tuple[Claim, ...]] = ContextVar("fifolock_claims", default=())
+_claims: ContextVar[tuple[weakref.ref[Claim], ...]] = ContextVar("fifolock_claims", default=())
+"""The claims of this flow of control, held weakly: a waiting claim lives while
+its acquire call holds it, a granted one while its lease lives (``_kept_by``),
+so one whose caller was interrupted before it could call ``failed()`` (a
+signal handler raising just as ``claim()`` returned) vanishes with it."""
+
+_kept_by: weakref.WeakKeyDictionary[Lease, Claim] = weakref.WeakKeyDictionary()
 
 
 def _running_task() -> asyncio.Task[object] | None:
@@ -121,15 +133,18 @@ def claim(
             where it is held.
     """
     task = _running_task()
-    live = tuple(claim for claim in _claims.get() if claim.active)
+    live = tuple(
+        mine for mine in (ref() for ref in _claims.get()) if mine is not None and mine.active
+    )
     for mine in live if timeout is None else ():
         if mine.keys != keys:
             continue
-        if token is not None and mine.lease is not None and mine.lease.token == token:
+        held = mine.lease() if mine.lease is not None else None
+        if token is not None and held is not None and held.token == token:
             continue
         if _another_task(mine, task):
             continue  # it may wait for the holder in the ordinary way
-        state = f"held (fence {mine.lease.fence})" if mine.lease is not None else "being waited for"
+        state = f"held (fence {held.fence})" if held is not None else "being waited for"
         raise LockUsageError(
             keys.name,
             f"already {state} by {mine.where} ({mine.holder}), and asked for again "
@@ -141,5 +156,5 @@ def claim(
     else:
         where = f"thread {threading.current_thread().name!r}"
     new = Claim(keys, where, holder, weakref.ref(task) if task is not None else None)
-    _claims.set((*live, new))
+    _claims.set((*(weakref.ref(mine) for mine in live), weakref.ref(new)))
     return new

@@ -10,6 +10,7 @@ strictly per name even after its keys expired or were flushed (fence =
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -154,3 +155,26 @@ def test_a_name_costs_bytes_while_held_and_none_after_its_idle_window(
         f"{figures['idle_window_s']:g} s after its last use; live it took "
         f"{figures['held_bytes']} B, right after release {figures['released_bytes']} B"
     )
+
+
+def test_a_process_using_a_new_event_loop_per_call_keeps_one_record_of_its_own(
+    redis: Redis, redis_url: str
+) -> None:
+    """Calls ids and floors are per process, not per event loop: 300 uses of a
+    name, each in an ``asyncio.run`` of its own (a new hub and session every
+    time, as with ``async_to_sync`` per request), leave a couple of entries in
+    the record of ended requests, not two per loop (whose first script would
+    also make Redis scan all of them)."""
+
+    async def use() -> None:
+        client = AsyncRedis.from_url(redis_url)
+        try:
+            lock = FifoLock(client, "loop-per-call", **SETTINGS)
+            await lock.release(await lock.acquire(timeout=5))
+        finally:
+            await client.aclose()
+
+    for _ in range(300):
+        asyncio.run(use())
+    entries = int(redis.zcard("fifolock:{loop-per-call}:finished"))
+    assert entries <= 4, f"300 event loops of one process left {entries} entries"

@@ -137,9 +137,6 @@ copy: more records than a count-bounded history of 64 keeps."""
 async def _release_replayed(arena: Arena) -> list[str]:
     """A release re-sent after many other grants is recognised as already done."""
     lock_a, actor_a = arena.contender("a")
-    # The first session in the record's order: a history trimmed by count
-    # (mutant history-by-count) drops its records first.
-    hub_for(lock_a.client).session = "0" * 16
     token_a = f"a-{arena.ctx.rng.getrandbits(20):05x}"
     lease_a = await actor_a.acquire(lock_a, token_a, Plan(0, timeout_s=5))
     assert lease_a is not None, "a could not enter"
@@ -149,13 +146,24 @@ async def _release_replayed(arena: Arena) -> list[str]:
     calls = recorded.since(0, mentioning=lease_a.token, script="release")
     if len(calls) != 1:
         return [f"captured {len(calls)} release calls, expected 1"]
+    keys, settings = lock_a.keys, lock_a.settings
+    # The variant's scripts, unrecorded: these stand-in processes are no actors.
+    protocol = getattr(lock_a._protocol, "inner", lock_a._protocol)
     for round_ in range(HISTORY_GRANTS):
-        # Each from a client of its own: a session that never speaks again keeps
-        # its record for keep_ms, so the history holds more than 64 records.
-        lock_b, actor_b = arena.contender(f"b{round_}")
-        token = f"b-{round_}-{arena.ctx.rng.getrandbits(16):04x}"
-        if await actor_b.attempt(lock_b, token, Plan(0, timeout_s=5)) is None:
+        # Each by a process of its own (ids that sort after any real one), which
+        # never speaks again and so keeps its record for keep_ms: the history
+        # holds more than 64 records, a's first in their order (a history
+        # trimmed by count, mutant history-by-count, drops it first).
+        process = f"zz{round_:03d}"
+        call = f"{process}/000000000001"
+        grant, _, _ = await protocol.acquire(
+            arena.admin, keys, f"b-{round_}", process, settings, call=call, floor=call
+        )
+        if grant is None:
             return [f"grant {round_} of {HISTORY_GRANTS} failed"]
+        await protocol.release(
+            arena.admin, keys, f"b-{round_}", grant.fence, settings.keep_ms, call, process, call
+        )
     reply = reply_code(await calls[0].replay())
     outcomes = {0: "dup-ok", -1: "dup-leaselost"}
     arena.record.released(lease_a, outcomes.get(reply, f"dup-error:reply-{reply}"))

@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from redis_fifo_lock import LockUsageError
-from tests import celery_app as tasks
+from tests.celery_tests import celery_app as tasks
 from tests.support.celery_worker import RESULT_TIMEOUT_S, Worker, running_worker, unique
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,7 +31,7 @@ def test_a_task_s_grant_records_its_host_process_name_and_id(worker: Worker) -> 
     pid, _, caller = rest.partition(": ")
     assert host == socket.gethostname()
     assert int(pid) != os.getpid()  # a prefork child process
-    assert caller == f"celery task tests.celery_app.report_holder[{task_id}]"
+    assert caller == f"celery task tests.celery_tests.celery_app.report_holder[{task_id}]"
 
 
 def test_a_task_taking_its_own_lock_again_fails_at_once_instead_of_hanging(
