@@ -1,7 +1,7 @@
 """The Redis ACL rules the lock needs, and how to read Redis's ACL refusals.
 
 ``acl_rules()`` is the one place the lock's least-privilege rule set is
-written down; the README quotes it and the tests run the lock as a user
+written down; the docs quote it (docs/security.md) and the tests run the lock as a user
 holding exactly these rules. Redis checks a script's commands, keys and
 channels against the user's ACL one by one as the script runs, so the rules
 list every command the Lua scripts call, besides those the client sends.
@@ -131,6 +131,6 @@ def refusal(message: str, namespace: str = "", commands: tuple[str, ...] = ()) -
 
 
 RULES_HINT = (
-    "the complete rule set is redis_fifo_lock.acl_rules() (README: Running with least privilege)"
+    "the complete rule set is redis_fifo_lock.acl_rules() (docs: Running with least privilege)"
 )
 """Appended to the messages that name a rule to add."""

@@ -245,7 +245,7 @@ class LoopClients:
 
         Each loop gets its own ``redis.asyncio.sentinel.Sentinel`` and master
         client. After a failover the client reconnects to the new master; see
-        the README for what that means for held leases.
+        docs/sentinel-cluster.md for what that means for held leases.
         """
         addresses = [(str(host), int(port)) for host, port in sentinels]
         master_kwargs = dict(connection_kwargs)

@@ -34,9 +34,9 @@ class SyncFifoLock:
         connection: a Redis URL (str) or a ``LoopClients`` to share connection
             settings; the portal loop builds its own client from it.
         name: the lock name (str), as for ``FifoLock``.
-        settings, namespace, and the lock options ``lease_ms``, ``poll_ms``,
-            ``max_hold_ms``, ``replicas``, ``replica_wait_ms``: as for
-            ``FifoLock`` (see ``LockSettings``).
+        settings, namespace: as for ``FifoLock`` (see ``LockSettings``).
+        **options: the lock options ``lease_ms``, ``poll_ms``, ``max_hold_ms``,
+            ``replicas``, ``replica_wait_ms``: as for ``FifoLock``.
         name_template, integration: as for ``FifoLock``: the labels of the
             lock's OpenTelemetry metrics and spans (default None: "(untemplated)",
             and "core").

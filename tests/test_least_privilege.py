@@ -3,7 +3,7 @@
 Issue 12, must-hold 2. Each test starts a private server of its own (so its
 ACL users, ACL LOG and script cache are the test's alone) and creates the user
 with ``ACL SETUSER <user> reset resetchannels on ><password> <rules...>``, as
-the README's "Running with least privilege" section says. Then:
+the docs' "Running with least privilege" section (docs/security.md) says. Then:
 
 - the core's main scenarios (acquire/release, a contended FIFO hand-off rung by
   the doorbell, timeout and withdrawal, renewal past several leases, status,
@@ -12,7 +12,7 @@ the README's "Running with least privilege" section says. Then:
 - with any single rule left out, something breaks: Redis logs the refusal of
   that command, key or channel, and the lock's error or warning names the rule
   to add;
-- the README quotes the rules exactly as ``acl_rules`` returns them.
+- the docs quote the rules exactly as ``acl_rules`` returns them.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from tests.support.polling import until, until_sync
 pytestmark = pytest.mark.timeout(120)
 
 USER, PASSWORD = "fifolock-app", "least-privilege-pw"
-README = Path(__file__).resolve().parent.parent / "README.md"
+SECURITY_DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 
 SHORT = {"lease_ms": 300, "poll_ms": 150}
 """Settings for the renewal scenario: several leases pass in about a second."""
@@ -538,9 +538,9 @@ def test_the_rules_are_in_the_package_namespace_as_the_readme_says() -> None:
     assert redis_fifo_lock.acl_rules is acl_rules
 
 
-def test_the_readme_quotes_the_rule_set() -> None:
-    readme = README.read_text()
-    section = readme.split("## Running with least privilege", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_quote_the_rule_set() -> None:
+    doc = SECURITY_DOC.read_text()
+    section = doc.split("## Running with least privilege", 1)[1].split("\n## ", 1)[0]
     assert " ".join(acl_rules()) in section
     assert " ".join(acl_rules(replicas=True, database=True, config=True)[-3:]) in section
     for rule in ("~<namespace>:fifolock:*", "&<namespace>:fifolock:*", "resetchannels"):
