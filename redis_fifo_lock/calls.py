@@ -1,17 +1,17 @@
 """Call ids and floors: how a process lets Redis forget the requests it ended.
 
-Every acquire call gets an id ``"<process>/<seq>"``: an id of this process
-(new in each process, also in a forked child) and a number it never uses
-twice and issues in order (12 hex digits, so ids compare as strings in Lua).
-Redis keeps a record of how a request ended only so that a late copy of one
-of its scripts (redis-py re-sends a script whose reply was lost) changes
-nothing. With each acquire, release and withdraw the process sends its
-*floor* for that lock, ``"<process>/<seq>"``: the lowest seq of its requests
-there that have a call in flight or about to be sent (or the next seq, if
-none). Every request of the process below the floor has been seen by Redis
-and is settled here, so Redis refuses late copies of them without a record
-and drops their records: the records kept are those of the few requests the
-process is still talking about, however often the name is used, and however
+Every acquire call gets an id ``"<process>/<seq>"``: an id of this process (new
+in each process, also in a forked child) and a number it never uses twice and
+issues in order (12 hex digits, so ids compare as strings in Lua). Redis keeps a
+record of how a request ended only so that a late copy of one of its scripts
+(redis-py re-sends a script whose reply was lost) changes nothing. With each
+acquire, release and withdraw the process sends its *floor* for that lock,
+``"<process>/<seq>"``: the lowest seq of its requests there that have a call in
+flight or about to be sent (or the next seq, if none), and the held requests
+below it. Every request of the process below the floor but those held has been
+seen by Redis and answered here, so Redis refuses late copies of them without a
+record and drops their records: the records kept are those of the few requests
+the process is still talking about, however often the name is used, and however
 many event loops (``asyncio.run``, ``async_to_sync``) it uses (see
 ``lua/lib.lua``).
 """
@@ -22,11 +22,13 @@ import heapq
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .lease import Lease
     from .protocol import LockKeys
 
 SEQ_DIGITS = 12
@@ -49,7 +51,13 @@ class CallIds:
         self._next = 1
         self._counts: dict[LockKeys, dict[int, int]] = {}
         self._lowest: dict[LockKeys, list[int]] = {}
-        self._guard = threading.Lock()
+        # Reentrant: a lease garbage-collected while the guard is held (the
+        # collector can run anywhere) leaves through ``leave`` on this thread.
+        self._guard = threading.RLock()
+        self._holding: dict[LockKeys, dict[int, int]] = {}
+        self._held: weakref.WeakKeyDictionary[Lease, weakref.finalize[..., Lease]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def new(self) -> str:
         """A new call id. Enter ``in_flight`` for it before the next await, so
@@ -91,6 +99,37 @@ class CallIds:
                     del self._counts[keys]
                     del self._lowest[keys]
 
+    def hold(self, keys: LockKeys, lease: Lease) -> None:
+        """``lease`` was granted: until ``released(lease)`` (or until the lease
+        is garbage-collected) floors name its request as held, so that Redis
+        keeps its record and never takes its late release for a copy of one
+        already answered."""
+        seq = self._seq(lease.call)
+        if seq is None:
+            return
+        with self._guard:
+            held = self._holding.setdefault(keys, {})
+            held[seq] = held.get(seq, 0) + 1
+            self._held[lease] = weakref.finalize(lease, self._unhold, keys, seq)
+
+    def released(self, lease: Lease) -> None:
+        """``lease``'s release got its answer (see ``hold``)."""
+        with self._guard:
+            settled = self._held.pop(lease, None)
+        if settled is not None:
+            settled()
+
+    def _unhold(self, keys: LockKeys, seq: int) -> None:
+        with self._guard:
+            held = self._holding.get(keys)
+            if held is None or seq not in held:
+                return
+            held[seq] -= 1
+            if held[seq] == 0:
+                del held[seq]
+                if not held:
+                    del self._holding[keys]
+
     @contextmanager
     def in_flight(self, keys: LockKeys, call: str) -> Iterator[None]:
         """``enter`` now and ``leave`` when the block ends."""
@@ -102,7 +141,9 @@ class CallIds:
 
     def floor(self, keys: LockKeys) -> str:
         """The floor to send with a call on ``keys``: the lowest seq with a call
-        in flight there, or the next seq if there is none."""
+        in flight there (or the next seq if there is none), followed by
+        ``+<seq>`` for each held request below it (a lease holds at most one
+        lock, so these are few)."""
         with self._guard:
             counts = self._counts.get(keys)
             if counts is None:
@@ -112,7 +153,10 @@ class CallIds:
                 while heap[0] not in counts:
                     heapq.heappop(heap)
                 lowest = heap[0]
-        return f"{self.process}/{lowest:0{SEQ_DIGITS}x}"
+            held = sorted(seq for seq in self._holding.get(keys, ()) if seq < lowest)
+        return f"{self.process}/{lowest:0{SEQ_DIGITS}x}" + "".join(
+            f"+{seq:0{SEQ_DIGITS}x}" for seq in held
+        )
 
     def _seq(self, call: str) -> int | None:
         process, _, seq = call.partition("/")

@@ -405,7 +405,7 @@ class FifoLock:
         # A new call each time the request joins the queue, so that a late copy
         # of the call that lost its place cannot bring it back later.
         waiter.call = call_ids().new()
-        waiter.sending()
+        waiter.sending()  # the grant, if this call makes one, is younger than this
         try:
             with call_ids().in_flight(self.keys, waiter.call):
                 grant, ticket, holder_fence = await _within(send(), deadline)
@@ -520,6 +520,7 @@ class FifoLock:
         lease = Lease(
             self.name, waiter.token, grant.fence, grant.ticket, expires_at, call=waiter.call
         )
+        call_ids().hold(self.keys, lease)
         metrics.hold_started(self.labels, lease, grant.queued)
         first_at = sent + min(self.settings.renew_every_s, grant.pttl_ms / 2000)
         start_renewal(self, hub, lease, first_at)
@@ -575,6 +576,7 @@ class FifoLock:
             lease.release_failed()
             raise
         lease.mark_released()
+        call_ids().released(lease)
         metrics.hold_ended(lease, lost=outcome == NOT_HELD or lease.lost_reason is not None)
         hub.leases.pop((self.keys, lease.token), None)
         if stopped is not None and not stopped.done():

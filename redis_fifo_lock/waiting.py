@@ -77,7 +77,7 @@ class Waiter:
         ticket: its ticket (int) once the acquire script replied, else None.
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
         sent_at: when (``time.monotonic()`` seconds) the latest acquire call
-            was sent (after waiting for a lane): a grant it made is younger.
+            was made (before it waited for a lane): a grant it made is younger.
         granted: a grant handed over by a release of this process (the reply to
             that release), with the moment (monotonic s) its lease may be dated
             from: when the release was sent, before Redis made the grant. None
@@ -99,8 +99,9 @@ class Waiter:
 
     def sending(self) -> None:
         """An acquire script call for this request is about to be made: its ticket
-        is unknown until it replies."""
+        is unknown until it replies, and a grant it makes is younger than now."""
         self.ticket = self.queued_at = None
+        self.sent_at = time.monotonic()
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
@@ -198,7 +199,6 @@ class WaitGroup:
         ``CallIds.new``): (grant or None, ticket, holder fence)."""
 
         async def send(client: AsyncClient) -> tuple[Grant | None, int, int]:
-            waiter.sent_at = time.monotonic()  # once in the lane: its grant is younger
             return await self.protocol.acquire(
                 client,
                 self.keys,

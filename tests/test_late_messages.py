@@ -361,3 +361,21 @@ async def test_a_waiter_of_another_process_is_woken_by_the_ring_not_its_poll(
     waited = time.monotonic() - started
     await waiter.release(granted)
     assert waited < 2.0, f"the waiter was served {waited:.1f} s after the release"
+
+
+async def test_a_lease_lost_while_its_process_moved_on_is_lost_at_its_release(
+    aredis: AsyncRedis,
+) -> None:
+    """A process holds a lease while its other requests on the lock come and go
+    (their floors pass the held request's number); then the lease is lost (its
+    key vanishes, as after an eviction or a failover). Its late release must
+    raise ``LeaseLost``: the held request is not taken for one whose process
+    already had its answer."""
+    lock = FifoLock(aredis, "held-below-floor", lease_ms=5000, poll_ms=2500)
+    lease = await lock.acquire(timeout=5)
+    for _ in range(3):
+        with pytest.raises(LockTimeout):
+            await lock.acquire(timeout=0)
+    await aredis.delete(lock.keys.key("lease"))
+    with pytest.raises(LeaseLost):
+        await lock.release(lease)

@@ -13,9 +13,10 @@
 --                     ended by a script (to notice that its lease expired)
 --   KEYS[6] finished  sorted set, every score 0, read by member (ZRANGEBYLEX):
 --                     "<call> <how>": the request made by acquire call <call>
---                     ended (ENDED_*); and per process "<process>/~ <floor> <ms>":
---                     that process's floor (see advance) and when (server ms) a
---                     script last spoke of it. Recognises a re-sent script.
+--                     ended (ENDED_*); and per process "<process>/~ <floor> <ms>
+--                     [+<held seq>...]": that process's floor (see advance),
+--                     when (server ms) a script last spoke of it, and its held
+--                     requests below the floor. Recognises a re-sent script.
 --
 -- A request is named by its token (the caller's, kept across retries) and the
 -- id of the acquire call that made it, or adopted it (a retry with the same
@@ -24,9 +25,10 @@
 -- each process, also after fork) and a number (12 hex digits) that process
 -- never uses twice and issues in order. The process sends with each acquire,
 -- release and withdraw its floor, "<process>/<seq>": the lowest seq of its
--- requests on this lock with a call in flight (or about to be sent). Every
--- request of that process below the floor that is not queued or held has
--- ended and can be refused without a record, so the records kept are only
+-- requests on this lock that it holds or has a call in flight for (or about
+-- to be sent). Every request of that process below the floor that is not
+-- queued or held has ended, and the process has had its answer: it can be
+-- refused without a record, so the records kept are only
 -- those of requests whose process is still talking about them: a handful per
 -- process, however often the name is used.
 --
@@ -70,19 +72,24 @@ local function split_call(call)
     return string.match(call, '^([^/%s]+)/(%x+)$')
 end
 
--- A session's {floor, ms} entry in K_FINISHED, or nil.
+-- A process's {floor, ms, held} entry in K_FINISHED, or nil; held is the
+-- set (a table of seq -> true) of its requests below the floor it holds.
 local function floor_of(session)
     local entry = redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
     if not entry[1] then
         return nil
     end
-    local floor, ms = string.match(entry[1], ' (%x+) (%d+)$')
-    return {floor, tonumber(ms)}
+    local floor, ms, held = string.match(entry[1], ' (%x+) (%d+)(.*)$')
+    local set = {}
+    for seq in string.gmatch(held, '%+(%x+)') do
+        set[seq] = true
+    end
+    return {floor, tonumber(ms), held, set}
 end
 
-local function set_floor(session, floor, now)
+local function set_floor(session, floor, now, held)
     redis.call('ZREMRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
-    redis.call('ZADD', K_FINISHED, 0, session .. '/~ ' .. floor .. ' ' .. int(now))
+    redis.call('ZADD', K_FINISHED, 0, session .. '/~ ' .. floor .. ' ' .. int(now) .. held)
 end
 
 -- Forget every session no script spoke of for keep_ms, with its records: its
@@ -92,7 +99,7 @@ local function forget_silent(now, keep_ms)
     local heard = {}
     local entries = redis.call('ZRANGEBYLEX', K_FINISHED, '-', '+')
     for _, entry in ipairs(entries) do
-        local session, ms = string.match(entry, '^(%S+)/~ %x+ (%d+)$')
+        local session, ms = string.match(entry, '^(%S+)/~ %x+ (%d+)')
         if session and tonumber(ms) >= now - keep_ms then
             heard[session] = true
         end
@@ -105,12 +112,14 @@ local function forget_silent(now, keep_ms)
     end
 end
 
--- The caller's process says, with `floor_id` ("<process>/<seq>"), that its
--- requests below that seq that are not queued or held have ended: their
--- records go, and the floor is kept (it never goes down: a late copy carries
--- an older one).
+-- The caller's process says, with `floor_id` ("<process>/<seq>", then
+-- "+<seq>" for each request below it that the process holds), that its
+-- other requests below that seq that are not queued or held have ended and
+-- been answered: their records go, and the floor is kept (it never goes
+-- down: a late copy carries an older one). The records of held requests stay
+-- (a late release of one must still learn how it ended).
 local function advance(floor_id, now, keep_ms)
-    local session, floor = split_call(floor_id)
+    local session, floor, held = string.match(floor_id, '^([^/%s]+)/(%x+)(.*)$')
     if not session then
         return
     end
@@ -118,10 +127,15 @@ local function advance(floor_id, now, keep_ms)
     if not old then
         forget_silent(now, keep_ms)
     elseif old[1] > floor then
-        floor = old[1]
+        floor, held = old[1], old[3]
     end
-    redis.call('ZREMRANGEBYLEX', K_FINISHED, '[' .. session .. '/', '(' .. session .. '/' .. floor)
-    set_floor(session, floor, now)
+    local from = '[' .. session .. '/'
+    for seq in string.gmatch(held, '%+(%x+)') do
+        redis.call('ZREMRANGEBYLEX', K_FINISHED, from, '(' .. session .. '/' .. seq)
+        from = '(' .. session .. '/' .. seq .. ' ~'
+    end
+    redis.call('ZREMRANGEBYLEX', K_FINISHED, from, '(' .. session .. '/' .. floor)
+    set_floor(session, floor, now, held)
 end
 
 -- Record that the request made by `call` ended (ENDED_*). The record lives
@@ -133,7 +147,7 @@ local function finish(call, how, now)
     end
     redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)
     local floor = floor_of(session)
-    set_floor(session, floor and floor[1] or '0', now)
+    set_floor(session, floor and floor[1] or '0', now, floor and floor[3] or '')
 end
 
 -- How the request made by `call` ended (ENDED_*), or nil if it did not (or too
@@ -145,7 +159,7 @@ local function ended(call)
     end
     local session, seq = split_call(call)
     local floor = session and floor_of(session)
-    if floor and seq < floor[1] then
+    if floor and seq < floor[1] and not floor[4][seq] then
         return ENDED_SETTLED
     end
     return nil

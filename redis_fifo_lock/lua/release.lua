@@ -17,7 +17,7 @@
 --    1  released (and handed off if anyone was waiting)
 --    0  this lease was already released: a re-sent release (hands off if the
 --       first one freed the lock without doing so), or a late copy of one
---       whose process has settled the request (ENDED_SETTLED)
+--       whose process had its answer (ENDED_SETTLED)
 --   -1  the lease is not held: it expired or was never granted (lease lost)
 local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local keep_ms, call, session, floor = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
@@ -31,16 +31,15 @@ if held and held[1] == token and held[2] == fence then
 else
     -- A re-sent release. The first one may have been cut short after freeing
     -- the lock (a Redis Cluster slot migrating mid-script): the hand-off below
-    -- then happens now, rather than at the next poll. Below its session's
-    -- floor (ENDED_SETTLED) its process had its answer already: this copy is
-    -- late, and nobody reads its reply.
+    -- then happens now, rather than at the next poll. Below its process's
+    -- floor (ENDED_SETTLED) the process had its answer already (a held lease
+    -- keeps the floor at or below its call): this copy is late, and nobody
+    -- reads its reply.
     local how = ended(call)
     if how == ENDED_RELEASED or how == ENDED_SETTLED then
         result = 0
     end
 end
--- Also when the lease is not held: if it expired unseen, the lock is free and
--- the next waiter need not wait for its poll.
 local granted = grant_next(now, now_us, doorbell, false, session)
 touch(keep_ms)
 if granted and granted[6] == session then

@@ -522,7 +522,7 @@ MUTANTS: dict[str, Mutant] = {
             "below the floor is not refused: it queues an ended request again",
             lua=(
                 _all(
-                    "    if floor and seq < floor[1] then\n",
+                    "    if floor and seq < floor[1] and not floor[4][seq] then\n",
                     "    if false then -- MUTANT floor-ignored\n",
                 ),
             ),
