@@ -60,8 +60,7 @@ class LocalCluster:
 
     def kill(self, node: PrivateRedis) -> None:
         """SIGKILL ``node``'s server, like a crash (reaped when the fixture ends)."""
-        pid = int((node.datadir / f"redis-server.{node.port}.pid").read_text().strip())
-        os.kill(pid, signal.SIGKILL)
+        os.kill(node.pid, signal.SIGKILL)
 
 
 START_ATTEMPTS = 5

