@@ -627,6 +627,22 @@ class FifoLock:
             hub.hand_over(self.keys, self.settings, self._protocol, handover, sent)
         return outcome
 
+    async def _release_dropped(self, hub: Hub, token: str, fence: int, call: str) -> None:
+        """Release the grant (token, fence) of a lease its holder dropped without
+        releasing it (see ``renewal.Renewal``); a failure is logged, and the
+        grant then expires with its lease."""
+        try:
+            await self._send_release(hub, token, fence, call)
+        except (LockError, redis.RedisError) as exc:
+            log.warning(
+                "FIFO lock %r: could not release the dropped lease of fence %d (%s); it "
+                "expires within lease_ms (%d)",
+                self.name,
+                fence,
+                exc,
+                self.settings.lease_ms,
+            )
+
     async def status(self) -> LockStatus:
         """A snapshot of the lock: held or not, last fence, queue length.
 

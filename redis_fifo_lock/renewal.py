@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from .errors import RedisUnavailable
@@ -64,18 +65,51 @@ class Renewal:
     def __init__(self, lock: FifoLock, lease: Lease, hub: Hub, first_at: float) -> None:
         self.loop = asyncio.get_running_loop()
         self.lock = lock
-        self.lease = lease
+        # Weakly: a lease its caller dropped without releasing it (a sync
+        # caller interrupted just as acquire returned, say) can be released by
+        # nobody else; the renewal must not keep it, and so the lock, for ever.
+        self._lease = weakref.ref(lease)
+        self._grant = (lease.token, lease.fence, lease.call)
         self.first_at = first_at
         self._hub = hub
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._timer = self.loop.call_later(max(0.0, first_at - time.monotonic()), self._fire)
+        weakref.finalize(lease, self._dropped)
         if lock.clients is not None and not is_portal_loop(self.loop):
             loop_context().renewals.add(self)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease renewed, or None once its holder dropped it."""
+        return self._lease()
 
     def _fire(self) -> None:
         if not self._stopped:
             self._task = self.loop.create_task(self._run())
+
+    def _dropped(self) -> None:
+        # The lease was garbage-collected, in any thread. Unless it was released
+        # or lost (the renewal stopped then), its lock is still held for it:
+        # release it on the renewing loop.
+        if self._stopped or self.loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self.loop.call_soon_threadsafe(self._release_dropped)
+
+    def _release_dropped(self) -> None:
+        if self._stopped:
+            return
+        self.stop()
+        token, fence, call = self._grant
+        log.warning(
+            "FIFO lock %r: the lease of fence %d was dropped without being released "
+            "(garbage-collected while held); releasing it now. Release every lease, "
+            "or use hold() / a with block",
+            self.lock.name,
+            fence,
+        )
+        self.loop.create_task(self.lock._release_dropped(self._hub, token, fence, call))
 
     def stop(self) -> asyncio.Task[None] | None:
         """Stop renewing, from a coroutine or callback on any loop: no renewal
@@ -99,30 +133,38 @@ class Renewal:
     async def hand_over(self) -> None:
         """The renewing loop is closing: renew the lease on the portal loop from now on."""
         lease = self.lease
-        if self._stopped or lease.released or lease.lost:
+        if self._stopped or lease is None or lease.released or lease.lost:
             return
         running = self.stop()
         if running is not None:
             await asyncio.gather(running, return_exceptions=True)
-        portal().call_soon(self._resume_on_portal)
+        portal().call_soon(lambda: self._resume_on_portal(lease))
 
-    def _resume_on_portal(self) -> None:
-        if not (self.lease.releasing or self.lease.lost):
-            start_renewal(self.lock, hub_for(self.lock.client), self.lease, time.monotonic())
+    def _resume_on_portal(self, lease: Lease) -> None:
+        if not (lease.releasing or lease.lost):
+            start_renewal(self.lock, hub_for(self.lock.client), lease, time.monotonic())
 
     async def _run(self) -> None:
         """Keep the lease alive until released; mark it lost when Redis refuses,
         or when its ``expires_at`` passes with no renewal answered."""
-        lock, lease = self.lock, self.lease
+        lock = self.lock
         settings = lock.settings
         interval = settings.renew_every_s
         next_at = self.first_at
         failure = "no reply"  # why the latest renewals failed, for the loss's reason
         capped = False  # the last renewal was cut short by the max-hold deadline
         while True:
+            lease = self._lease()
+            if lease is None:
+                return  # dropped: see _dropped
             # Never past the lease's own deadline: a retry pause after a failed
             # renewal must not let the lease lapse unnoticed (``wait_lost``).
-            await asyncio.sleep(max(0.0, min(next_at, lease.expires_at) - time.monotonic()))
+            pause = max(0.0, min(next_at, lease.expires_at) - time.monotonic())
+            del lease  # not kept while asleep: its holder may drop it
+            await asyncio.sleep(pause)
+            lease = self._lease()
+            if lease is None:
+                return
             late = time.monotonic() - next_at
             if late > settings.lease_ms / 3000:
                 log.warning(
@@ -163,12 +205,14 @@ class Renewal:
             lease.renewed(sent + pttl_ms / 1000)
             capped = pttl_ms < settings.lease_ms
             next_at = sent + min(interval, pttl_ms / 2000)
+            del lease
 
     def _lose(self, reason: str) -> None:
-        if self.lease.lose(reason):
-            log.warning(
-                "FIFO lock %r: lease fence %d lost: %s", self.lock.name, self.lease.fence, reason
-            )
+        self._stopped = True  # nothing to release if it is dropped now
+        lease = self.lease
+        if lease is not None and lease.lose(reason):
+            name, fence = self.lock.name, lease.fence
+            log.warning("FIFO lock %r: lease fence %d lost: %s", name, fence, reason)
 
 
 async def end_renewal(task: asyncio.Task[None]) -> None:

@@ -548,6 +548,7 @@ async def mixed_queued(lock: FifoLock) -> bool:
 
 
 def test_event_loops_and_their_clients_are_not_kept_alive(redis_url: str) -> None:
+    import gc
     import weakref
 
     from redis_fifo_lock import LoopClients
@@ -633,3 +634,23 @@ async def test_a_release_that_cannot_reach_redis_is_retried_when_the_body_raised
     finally:
         await client.aclose()
 
+
+async def test_a_lease_dropped_without_release_is_released_not_renewed_for_ever(
+    aredis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease nobody can release any more (its holder dropped it: a sync caller
+    interrupted as acquire returned, a forgotten variable) must not keep the
+    lock until max_hold_ms: the renewal does not keep it alive, and once it is
+    garbage-collected its grant is released, with a warning."""
+    lock = FifoLock(aredis, "dropped", lease_ms=30_000, poll_ms=15_000)
+    lease = await lock.acquire(timeout=5)
+    fence = lease.fence
+    del lease
+    gc.collect()
+    started = time.monotonic()
+    nxt = await FifoLock(aredis, "dropped", lease_ms=30_000, poll_ms=15_000).acquire(timeout=10)
+    waited = time.monotonic() - started
+    assert nxt.fence > fence
+    assert waited < 5, f"the next holder waited {waited:.1f} s behind a dropped lease"
+    assert "dropped without being released" in caplog.text
+    await lock.release(nxt)

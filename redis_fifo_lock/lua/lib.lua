@@ -84,12 +84,18 @@ local function floor_of(session)
     for seq in string.gmatch(held, '%+(%x+)') do
         set[seq] = true
     end
-    return {floor, tonumber(ms), held, set}
+    return {floor, tonumber(ms), held, set, entry[1]}
 end
 
-local function set_floor(session, floor, now, held)
-    redis.call('ZREMRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
-    redis.call('ZADD', K_FINISHED, 0, session .. '/~ ' .. floor .. ' ' .. int(now) .. held)
+-- Added before the old entry goes, so the key is never left empty (and so
+-- deleted): during a Redis Cluster slot move a write to a missing key fails,
+-- and a script must not fail after its first write.
+local function set_floor(session, floor, now, held, old)
+    local entry = session .. '/~ ' .. floor .. ' ' .. int(now) .. held
+    redis.call('ZADD', K_FINISHED, 0, entry)
+    if old and old ~= entry then
+        redis.call('ZREM', K_FINISHED, old)
+    end
 end
 
 -- Forget every session no script spoke of for keep_ms, with its records: its
@@ -124,10 +130,12 @@ local function advance(floor_id, now, keep_ms)
         return
     end
     local old = floor_of(session)
+    if old and old[1] > floor then
+        floor, held = old[1], old[3]
+    end
+    set_floor(session, floor, now, held, old and old[5])
     if not old then
         forget_silent(now, keep_ms)
-    elseif old[1] > floor then
-        floor, held = old[1], old[3]
     end
     local from = '[' .. session .. '/'
     for seq in string.gmatch(held, '%+(%x+)') do
@@ -135,7 +143,6 @@ local function advance(floor_id, now, keep_ms)
         from = '(' .. session .. '/' .. seq .. ' ~'
     end
     redis.call('ZREMRANGEBYLEX', K_FINISHED, from, '(' .. session .. '/' .. floor)
-    set_floor(session, floor, now, held)
 end
 
 -- Record that the request made by `call` ended (ENDED_*). The record lives
@@ -147,7 +154,7 @@ local function finish(call, how, now)
     end
     redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)
     local floor = floor_of(session)
-    set_floor(session, floor and floor[1] or '0', now, floor and floor[3] or '')
+    set_floor(session, floor and floor[1] or '0', now, floor and floor[3] or '', floor and floor[5])
 end
 
 -- How the request made by `call` ended (ENDED_*), or nil if it did not (or too

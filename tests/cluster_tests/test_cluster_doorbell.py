@@ -214,7 +214,7 @@ async def test_the_doorbell_moves_to_a_live_node_when_its_node_dies_for_good(
     holder_lives = FifoLock(holder_client, lives, **settings)
     waiter_dies = FifoLock(waiter_client, dies, **settings)
     waiter_lives = FifoLock(waiter_client, lives, **settings)
-    await holder_dies.acquire()
+    _held = await holder_dies.acquire()  # kept: a dropped lease is released
     lease = await holder_lives.acquire()
     stuck = asyncio.create_task(waiter_dies.acquire())
     await until(lambda: _waiting(holder_dies, 1), "a waiter is queued on the dying master")

@@ -280,7 +280,10 @@ async def test_a_release_cut_short_as_the_slot_starts_moving_is_typed_and_handed
     # key again (now missing: "non local key"). The release took effect, the
     # hand-off did not: the waiter's next poll makes it once the slot landed.
     holder_client, waiter_client = clients
-    lock = FifoLock(holder_client, "cut-short", **SETTINGS)
+    # The holder's lease outlasts the slot move and the hand-off (about 1.5 s
+    # on a 2-core machine), so that its retried release finds it released,
+    # not locally expired.
+    lock = FifoLock(holder_client, "cut-short", lease_ms=4 * LEASE_MS, poll_ms=POLL_MS)
     await lock.release(await lock.acquire())
     lease = await lock.acquire()
     waiting = asyncio.create_task(FifoLock(waiter_client, "cut-short", **SETTINGS).acquire())
