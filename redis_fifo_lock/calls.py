@@ -89,15 +89,8 @@ class CallIds:
         if seq is None:
             return
         with self._guard:
-            counts = self._counts.get(keys)
-            if counts is None or seq not in counts:
-                return
-            counts[seq] -= 1
-            if counts[seq] == 0:
-                del counts[seq]
-                if not counts:
-                    del self._counts[keys]
-                    del self._lowest[keys]
+            if _count_down(self._counts, keys, seq):
+                del self._lowest[keys]
 
     def hold(self, keys: LockKeys, lease: Lease) -> None:
         """``lease`` was granted: until ``released(lease)`` (or until the lease
@@ -121,14 +114,7 @@ class CallIds:
 
     def _unhold(self, keys: LockKeys, seq: int) -> None:
         with self._guard:
-            held = self._holding.get(keys)
-            if held is None or seq not in held:
-                return
-            held[seq] -= 1
-            if held[seq] == 0:
-                del held[seq]
-                if not held:
-                    del self._holding[keys]
+            _count_down(self._holding, keys, seq)
 
     @contextmanager
     def in_flight(self, keys: LockKeys, call: str) -> Iterator[None]:
@@ -163,6 +149,21 @@ class CallIds:
         if process != self.process:
             return None  # unknown, or made before this process was forked
         return int(seq, 16)
+
+
+def _count_down(table: dict[LockKeys, dict[int, int]], keys: LockKeys, seq: int) -> bool:
+    """Take one off ``table[keys][seq]``, dropping entries that reach 0; True
+    when ``keys`` left the table."""
+    counts = table.get(keys)
+    if counts is None or seq not in counts:
+        return False
+    counts[seq] -= 1
+    if counts[seq] == 0:
+        del counts[seq]
+        if not counts:
+            del table[keys]
+            return True
+    return False
 
 
 _call_ids = CallIds()
