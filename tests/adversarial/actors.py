@@ -220,6 +220,11 @@ class Actor:
             # The hold itself: the planned time inside, cut short by a lost lease.
             await asyncio.wait({watcher}, timeout=hold_s)
         finally:
+            # A hold that ends as the lease runs out (both due when a frozen
+            # process resumes) reads ``lease.lost`` before it leaves, as a
+            # careful holder does; the watcher may run only after the exit.
+            if lease.lost and not watcher.done():
+                self.record.lost(lease)
             self.record.exit(lease)
 
     async def release(self, lock: FifoLock, lease: Lease, plan: Plan) -> str:

@@ -138,6 +138,9 @@ async def _victim(fleet: Fleet, target: str, rng: random.Random) -> Any:
     return fleet.by_pid(rng.choice(pids))
 
 
+FROZEN_HOLD_LEASES = 8.0
+
+
 @scenario(
     "sigstop-holder",
     kills=("release-no-owner-check",),
@@ -151,9 +154,9 @@ async def sigstop_holder(ctx: Context) -> Outcome:
     problems: list[str] = []
     try:
         holder = await fleet.spawn(
-            "frozen", tasks=1, rounds=1, long_share=1.0, long_hold_leases=[8.0, 8.0]
+            "frozen", tasks=1, rounds=1, long_share=1.0, long_hold_leases=[FROZEN_HOLD_LEASES] * 2
         )
-        await fleet.until(lambda: fleet.inside("a"), "the holder entered")
+        entered = await fleet.until(lambda: fleet.inside("a"), "the holder entered")
         # The first in line holds 4 leases: it is inside while the frozen holder resumes.
         successor = await fleet.spawn(
             "next", tasks=1, rounds=1, long_share=1.0, long_hold_leases=[4.0, 4.0]
@@ -162,7 +165,14 @@ async def sigstop_holder(ctx: Context) -> Outcome:
         mix = {"tasks": 2, "rounds": 3, "long_share": 0.3, "long_hold_leases": [1.0, 2.0]}
         await asyncio.gather(fleet.spawn("w1", **mix), fleet.spawn("w2", **mix))
         await fleet.until(lambda: sum(fleet.waiting("a").values()) >= 3, "three requests wait")
-        await asyncio.sleep(rng.uniform(0.0, 0.3))  # a random moment of the hold
+        # A random moment of the hold, or one where the planned hold ends while
+        # the holder is frozen: its hold and its renewal then wake together.
+        planned_end_s = entered[0].entered_ns / 1e9 + FROZEN_HOLD_LEASES * LEASE_MS / 1000
+        across_end_s = planned_end_s - 1.25 * LEASE_MS / 1000 - time.monotonic()
+        if rng.random() < 0.5 and across_end_s > 0:
+            await asyncio.sleep(across_end_s)  # a moment of the plan, not a synchronisation
+        else:
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
         await fleet.freeze(holder, 2.5 * LEASE_MS)
         resumed = time.monotonic_ns()
         await fleet.finish(45)
