@@ -137,12 +137,6 @@ def _sentinel(
             f"{_shown(url)} is a Sentinel URL: the transport options must name the "
             f"service with 'master_name' (str), got {master_name!r}"
         )
-    sentinel_kwargs = options.get("sentinel_kwargs")
-    if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
-        raise ServerError(
-            "transport option 'sentinel_kwargs' must be a dict, got "
-            f"{type(sentinel_kwargs).__name__}"
-        )
     first = parts[0]
     master: dict[str, Any] = {"db": _database(first), **tls}
     if first.username:
@@ -152,7 +146,8 @@ def _sentinel(
     return LockServer.sentinel(
         [(part.hostname or "", part.port or SENTINEL_PORT) for part in parts],
         master_name,
-        sentinel_kwargs=sentinel_kwargs,
+        sentinel_kwargs=options.get("sentinel_kwargs"),
+        spell=lambda option: f"transport option {option!r}",
         **master,
     )
 

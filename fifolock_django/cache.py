@@ -204,13 +204,6 @@ def _sentinel_connection(url: str, options: dict[str, Any], kwargs: dict[str, An
         raise ImproperlyConfigured(
             f"OPTIONS['SENTINELS'] must list the sentinels as (host, port) pairs, got {sentinels!r}"
         )
-    sentinel_kwargs = options.get("SENTINEL_KWARGS")
-    if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, dict):
-        raise ImproperlyConfigured(
-            # The type only: a password given here as a plain string must not show.
-            "OPTIONS['SENTINEL_KWARGS'] must be a dict or None, got "
-            f"{type(sentinel_kwargs).__name__}"
-        )
     service_name = urlsplit(url).hostname
     if not service_name:
         raise ImproperlyConfigured(
@@ -228,7 +221,8 @@ def _sentinel_connection(url: str, options: dict[str, Any], kwargs: dict[str, An
         LockServer.sentinel,
         sentinels,
         service_name,
-        sentinel_kwargs=sentinel_kwargs,
+        sentinel_kwargs=options.get("SENTINEL_KWARGS"),
+        spell=lambda option: f"OPTIONS[{option.upper()!r}]",
         **{**kwargs, **from_url},
     )
 

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from django.core.cache import InvalidCacheBackendError, caches
 from django.core.cache.backends.base import BaseCache
@@ -153,27 +153,22 @@ class CacheFifoLock:
 
     def sync_lock(self) -> SyncFifoLock:
         """The core's ``SyncFifoLock`` for this lock (runs on the portal loop)."""
-        return SyncFifoLock(
-            self.clients,
-            self.name,
-            settings=self.settings,
-            namespace=self.namespace,
-            name_template=self.labels.name_template,
-            integration=self.labels.integration,
-        )
+        return SyncFifoLock(self.clients, self.name, **self._core_options())
 
     def async_lock(self) -> FifoLock:
         """The core's ``FifoLock`` for this lock; each call uses the running event
         loop's client (awaiting one with no running loop raises ``RuntimeError``).
         """
-        return FifoLock(
-            self.clients,
-            self.name,
-            settings=self.settings,
-            namespace=self.namespace,
-            name_template=self.labels.name_template,
-            integration=self.labels.integration,
-        )
+        return FifoLock(self.clients, self.name, **self._core_options())
+
+    def _core_options(self) -> dict[str, Any]:
+        """The keyword arguments both core locks take from this one."""
+        return {
+            "settings": self.settings,
+            "namespace": self.namespace,
+            "name_template": self.labels.name_template,
+            "integration": self.labels.integration,
+        }
 
     # --- acquire and release in different places --------------------------------------
 

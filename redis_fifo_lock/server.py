@@ -23,6 +23,7 @@ from redis.asyncio.connection import parse_url
 
 from .clients import LoopClients
 from .connection import masked_kwargs, masked_url, node_address
+from .settings import Spelling
 
 Topology = Literal["server", "sentinel", "cluster"]
 """How the locks' server is reached: one server, a Sentinel master, a Redis Cluster."""
@@ -100,16 +101,27 @@ class LockServer:
         service_name: str,
         *,
         sentinel_kwargs: Mapping[str, Any] | None = None,
+        spell: Spelling = str,
         **kwargs: Any,
     ) -> LockServer:
         """The master of ``service_name``, as the ``sentinels`` ((host, port)
         pairs) report it, with the connection options ``kwargs`` of the master
         and ``sentinel_kwargs`` of the sentinels.
 
+        ``spell`` (default: the name as is) says how the caller spells the
+        option ``sentinel_kwargs`` in messages, e.g. ``OPTIONS['SENTINEL_KWARGS']``.
+
         Raises:
             ValueError: no sentinel, or an empty ``service_name``.
+            TypeError: ``sentinel_kwargs`` is neither a mapping nor None (only
+                its type is shown: it may hold a password).
             TypeError, ValueError: as ``LoopClients.sentinel``.
         """
+        if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
+            raise TypeError(
+                f"{spell('sentinel_kwargs')} must be a dict or None, got "
+                f"{type(sentinel_kwargs).__name__}"
+            )
         addresses = tuple((str(host), int(port)) for host, port in sentinels)
         if not addresses or not service_name:
             raise ValueError(
