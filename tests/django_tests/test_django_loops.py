@@ -121,7 +121,9 @@ def test_many_sequential_async_to_sync_calls_leak_no_connection_and_no_closed_lo
         run()
     wait_until(lambda: settled_connections() <= baseline, "closed connections to go", 5)
 
-    assert settled_connections() == after_10 == baseline
+    # At most: a wait group lingering after a call (LINGER_S) may have closed its
+    # doorbell connection since the baseline.
+    assert settled_connections() <= baseline and after_10 <= baseline
     assert len(lock_clients) == loops  # every call's loop closed its client
     assert exclusive.fences == sorted(set(exclusive.fences)) and len(exclusive.fences) == 3 * 41
     assert exclusive.most == 1
@@ -167,8 +169,9 @@ def test_acquire_in_one_async_to_sync_call_and_release_in_another(
 ) -> None:
     lock = caches["default"].fifo_lock("handover", timeout=5)
     lease = async_to_sync(lock.aacquire)()
-    # The acquiring loop is closed, its client too; the portal's client renews.
-    assert len(lock_clients) == 1
+    # The acquiring loop is closed, its client too; the portal's client renews
+    # (made on the portal's thread once the renewal moved there).
+    wait_until(lambda: len(lock_clients) == 1, "the portal's client renews", 5)
     assert lock.status().holder_fence == lease.fence
     async_to_sync(lock.arelease)(lease)
 
