@@ -32,7 +32,6 @@ import asyncio
 import functools
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -71,11 +70,6 @@ _refusals_guard = threading.Lock()
 class Doorbell:
     """Subscriptions of one client: ``watch``/``unwatch`` channels, rings routed
     to one callback per channel. Holds one connection while anything is watched.
-
-    Attributes:
-        broken_at: when (``time.monotonic()`` seconds; 0.0 if never) reading
-            the subscription last failed or a (re)subscription was refused:
-            rings published about then may have been lost.
     """
 
     def __init__(self, client: Callable[[], AsyncClient | None]) -> None:
@@ -92,7 +86,6 @@ class Doorbell:
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
         self._change = asyncio.Lock()
-        self.broken_at = 0.0
 
     async def watch(self, channel: str, ring: Ring) -> bool:
         """Subscribe to ``channel`` and return True once Redis confirmed it, so that
@@ -207,11 +200,9 @@ class Doorbell:
                 # (its ACL); the connection is fine, and resubscribing would only
                 # be refused again.
                 failures = 0
-                self.broken_at = time.monotonic()
                 self._refused(exc)
                 continue
             except FAILURES:
-                self.broken_at = time.monotonic()  # rings may have been lost
                 failures += 1
                 if failures == 1 and _connected(pubsub):
                     # redis-py reconnected it (subscribing again) before raising

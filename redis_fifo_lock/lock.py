@@ -363,6 +363,7 @@ class FifoLock:
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:
             await self._give_up(hub, group, waiter)
             raise self._timed_out(group, started, deadline - started)
+        group.wait()
         while True:
             try:
                 hinted = await waiter.next_hint(deadline)
@@ -395,7 +396,7 @@ class FifoLock:
         (no reply, cancelled, timed out) the request is withdrawn, now or as soon
         as Redis answers."""
 
-        async def send() -> tuple[Grant | None, int, int, int]:
+        async def send() -> tuple[Grant | None, int, int]:
             if not requeue:
                 await hub.reclaim(self.keys, waiter.token)
                 await hub.check_eviction_policy(self.name)
@@ -407,7 +408,7 @@ class FifoLock:
         waiter.sending()  # the grant, if this call makes one, is younger than this
         try:
             with call_ids().in_flight(self.keys, waiter.call):
-                grant, ticket, holder_fence, holder_pttl_ms = await _within(send(), deadline)
+                grant, ticket, holder_fence = await _within(send(), deadline)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
             await self._give_up(hub, group, waiter)
@@ -429,8 +430,6 @@ class FifoLock:
         waiter.queued(ticket)
         if grant is not None:
             return self._start_lease(hub, waiter, grant, waiter.sent_at)
-        if deadline is None or asyncio.get_running_loop().time() < deadline:
-            group.wait(waiter, holder_pttl_ms)
         return None
 
     def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:

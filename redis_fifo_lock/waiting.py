@@ -8,10 +8,6 @@ when the process dies all of its waiters are skipped together. A ring of the
 doorbell, or the next poll at the latest, wakes a waiter; it then claims its
 grant with a script call of its own, whose reply (dated by when it was sent)
 is what starts the lease: a ring is a hint, and may be late, repeated or forged.
-A group subscribes to its doorbell channel when it forms and polls once then
-(a ring sent before the subscription is lost); after its last waiter leaves it
-lingers, subscribed, for ``LINGER_S``: a waiter that joins it then needs no
-catch-up poll, only one when the holder's lease would expire.
 
 The ``Hub`` holds the per-client state: the doorbell, the groups, two lanes of
 script calls (so waiters never cost a connection each, and renewals never wait
@@ -52,15 +48,6 @@ T = TypeVar("T")
 
 MAX_CONCURRENT_CALLS = 2
 """Enqueues, claims, polls, withdrawals and status calls one hub runs at once."""
-
-LINGER_S = 5.0
-"""Seconds a wait group stays subscribed after its last waiter left: a process
-that waits for the same lock again within them (a worker running one task after
-another) neither subscribes nor polls again for it."""
-
-MAX_LINGERING = 100
-"""Most wait groups one hub keeps lingering (one doorbell channel each); beyond
-that an idle group unsubscribes at once, however many lock names are used."""
 
 MAX_URGENT_CALLS = 1
 """Renewals and releases one hub runs at once, in a lane of their own so that
@@ -142,17 +129,6 @@ class Waiter:
         return deadline is None or self._loop.time() < deadline
 
 
-def next_poll_s(settings: LockSettings, holder_pttl_ms: int) -> float:
-    """Seconds from a call that saw the holder's lease with ``holder_pttl_ms``
-    to live (0: no holder) to the next poll: ``poll_ms``, or right after that
-    lease would expire if sooner, so a dead holder is replaced within
-    ``lease_ms``, not ``lease_ms + poll_ms``."""
-    poll_s = settings.poll_ms / 1000
-    if holder_pttl_ms > 0:
-        return min(poll_s, holder_pttl_ms / 1000 + 0.002)
-    return poll_s
-
-
 @dataclass
 class WaitGroup:
     """The waiters of one lock (one name and settings) on one hub."""
@@ -165,12 +141,6 @@ class WaitGroup:
     holder_fence: int | None = None
     _poller: asyncio.Task[None] | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # When the doorbell confirmed this group's channel (time.monotonic(); None:
-    # not yet, or no doorbell), when the next poll is due, and the timer that
-    # ends the group's lingering (see ``LINGER_S``) while it lingers.
-    _watching_since: float | None = None
-    _poll_at: float = 0.0
-    _lingering: asyncio.TimerHandle | None = None
 
     @property
     def session(self) -> str:
@@ -195,42 +165,19 @@ class WaitGroup:
         self.waiters[token] = waiter
         return waiter
 
-    def wait(self, waiter: Waiter, holder_pttl_ms: int) -> None:
-        """``waiter`` is queued, behind a holder whose lease had
-        ``holder_pttl_ms`` to live (0: none) when its acquire ran: make sure the
-        group polls, by then at the latest.
-
-        A group whose channel the doorbell confirmed before the acquire was
-        sent, and has read without a break since, hears every ring of its grant:
-        it polls when the holder's lease would expire (to replace a dead
-        holder), or ``poll_ms`` from now. Otherwise a ring may already have
-        been missed, and it polls at once (a new group: once subscribed).
-        """
-        since = self._watching_since
-        if since is None or since > waiter.sent_at or self.hub.doorbell.broken_at >= since:
-            due = 0.0
-        else:
-            due = waiter.sent_at + next_poll_s(self.settings, holder_pttl_ms)
+    def wait(self) -> None:
+        """A waiter is queued: make sure the group polls."""
         if self._poller is None:
-            if self._lingering is None:
-                due = 0.0  # a new group: the first poll follows the subscription
-            else:
-                self._stop_lingering()
-            self._poll_at = due
-            self._poller = asyncio.create_task(self._poll_loop(resume=self._watching_since))
-        elif due < self._poll_at:
-            self._poll_at = due
-            self._wake.set()
+            self._poller = asyncio.create_task(self._poll_loop())
 
     def leave(self, token: str) -> None:
-        """Forget ``token``; an idle group lingers (see ``LINGER_S``), or leaves
-        the hub at once if it never polled."""
+        """Forget ``token``; an idle group leaves the hub at once."""
         self.waiters.pop(token, None)
         if not self.waiters:
-            if self._poller is not None:
-                self._wake.set()
-            elif self._lingering is None:
+            if self._poller is None:
                 self.hub.discard(self)
+            else:
+                self._wake.set()
 
     def ring(self, token: str, grant: Grant) -> None:
         """A grant was rung on this group's doorbell: a hint, never proof.
@@ -247,12 +194,11 @@ class WaitGroup:
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
             self.hub.withdraw(self, token, grant.ticket, grant.call or UNKNOWN_CALL)
 
-    async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int, int]:
+    async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int]:
         """Run the acquire script for ``waiter``'s call (in flight, see
-        ``CallIds.new``): (grant or None, ticket, holder fence, holder's lease
-        time to live in ms)."""
+        ``CallIds.new``): (grant or None, ticket, holder fence)."""
 
-        async def send(client: AsyncClient) -> tuple[Grant | None, int, int, int]:
+        async def send(client: AsyncClient) -> tuple[Grant | None, int, int]:
             return await self.protocol.acquire(
                 client,
                 self.keys,
@@ -273,75 +219,30 @@ class WaitGroup:
             lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
         )
 
-    async def _poll_loop(self, *, resume: float | None = None, linger: bool = True) -> None:
-        """Poll while anyone waits, then linger or close. ``resume``: the group
-        is still subscribed since then (it lingered), else it subscribes first.
-        ``linger``: False once its lingering ended."""
-        if resume is None:
-            watching = await self._watch()
-            # The first poll (due now) finds a grant rung before the subscription.
-            self._watching_since = time.monotonic() if watching else None
+    async def _poll_loop(self) -> None:
+        watching = await self._watch()
+        delay = 0.0
         try:
             while True:
                 if not self.waiters:
-                    # Checked and ended with no await in between: a waiter that
-                    # joins from now on starts the loop again, or gets a new group.
+                    # Checked and closed with no await in between: a waiter that
+                    # joins from now on gets a new group from the hub.
                     self._poller = None
-                    if not (linger and self._start_lingering()):
-                        self.hub.discard(self)
+                    self.hub.discard(self)
                     return
-                wait_s = self._poll_at - time.monotonic()
-                self._wake.clear()
-                if wait_s > 0:
-                    # Woken early when a waiter needs an earlier poll, or the
-                    # last one left (then: linger or close, no useless poll).
+                if delay > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), wait_s)
-                    continue
-                self._poll_at = time.monotonic() + await self._poll_once()
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                    if not self.waiters:
+                        # Woken because the last waiter left (granted or gone):
+                        # close without one more, useless, poll.
+                        continue
+                self._wake.clear()
+                delay = await self._poll_once()
         finally:
             self._poller = None
-            if self._lingering is None and self._watching_since is not None:
-                self._watching_since = None
+            if watching:
                 await self.hub.doorbell.unwatch(self.keys.doorbell_of(self.session), self.ring)
-
-    def _start_lingering(self) -> bool:
-        """With no waiter left, keep the subscription for ``LINGER_S`` seconds
-        (at most ``MAX_LINGERING`` groups per hub), so that a process taking
-        the lock again soon neither subscribes nor polls again. Only on a hub
-        that formed a wait group before: the loop of an ``asyncio.run`` or
-        ``async_to_sync`` call, which usually waits once, closes without a
-        subscription left to drop. No task runs
-        and nothing is polled meanwhile (nobody here waits); a timer ends it.
-        Returns whether the group lingers."""
-        hub = self.hub
-        if (
-            self._watching_since is None
-            or hub.groups_formed < 2  # a loop that waited once may be a one-off
-            or hub.lingering >= MAX_LINGERING
-            or LINGER_S <= 0
-        ):
-            return False
-        hub.lingering += 1
-        self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self._linger_ended)
-        return True
-
-    def _stop_lingering(self) -> None:
-        if self._lingering is not None:
-            self._lingering.cancel()
-            self._lingering = None
-            self.hub.lingering -= 1
-
-    def _linger_ended(self) -> None:
-        """Nobody waited again within ``LINGER_S``: unsubscribe (the loop, run
-        once more, closes), or poll at once for a waiter whose acquire is still
-        on its way."""
-        self._stop_lingering()
-        if self._poller is None:
-            self._poll_at = 0.0
-            self._poller = asyncio.create_task(
-                self._poll_loop(resume=self._watching_since, linger=False)
-            )
 
     async def _watch(self) -> bool:
         channel = self.keys.doorbell_of(self.session)
@@ -381,7 +282,12 @@ class WaitGroup:
             # lease) must be refreshed before it runs out.
             return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)
         self._settle(reply, sent)
-        return next_poll_s(self.settings, reply.grant.pttl_ms if reply.grant else 0)
+        poll_s = self.settings.poll_ms / 1000
+        if reply.grant is not None and reply.grant.pttl_ms > 0:
+            # Poll again right after the current lease would expire, so a dead
+            # holder is replaced within lease_ms, not lease_ms + poll_ms.
+            return min(poll_s, reply.grant.pttl_ms / 1000 + 0.002)
+        return poll_s
 
     def _settle(self, reply: PollReply, sent: float) -> None:
         """Wake the waiters the poll (sent at ``sent``) concerns: the holder, if it
@@ -422,8 +328,6 @@ class Hub:
             groups' sessions.
         calls: the lane for enqueues, claims, polls, withdrawals and status reads.
         urgent: the lane for renewals and releases.
-        lingering: how many of its wait groups linger (see ``LINGER_S``).
-        groups_formed: how many wait groups it formed (int).
         leases: the leases granted through this hub and not yet released, by
             lock keys and token (held weakly).
     """
@@ -435,8 +339,6 @@ class Hub:
         self.doorbell = Doorbell(self._client)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
-        self.lingering = 0
-        self.groups_formed = 0
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
         self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
             weakref.WeakValueDictionary()
@@ -487,7 +389,6 @@ class Hub:
         if group is None or group.protocol is not protocol:
             group = WaitGroup(self, keys, settings, protocol)
             self.groups[(keys, settings)] = group
-            self.groups_formed += 1
         return group
 
     def discard(self, group: WaitGroup) -> None:

@@ -298,10 +298,10 @@ async def test_a_late_withdraw_leaves_alone_a_request_a_retry_took_over(
     protocol, keys, settings = lock._protocol, lock.keys, lock.settings
     session = "attacker-session"
     first, retry = "proc/000000000001", "proc/000000000002"
-    _, ticket, *_ = await protocol.acquire(
+    _, ticket, _ = await protocol.acquire(
         aredis, keys, "v", session, settings, call=first, floor=first
     )
-    _, same_ticket, *_ = await protocol.acquire(
+    _, same_ticket, _ = await protocol.acquire(
         aredis, keys, "v", session, settings, call=retry, floor=first
     )
     assert same_ticket == ticket

@@ -39,7 +39,6 @@ from redis_fifo_lock import (
     LoopClients,
     RedisUnavailable,
     SyncFifoLock,
-    waiting,
 )
 from redis_fifo_lock.acl import acl_rules, key_pattern
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
@@ -88,13 +87,6 @@ class Server:
             and not (entry["reason"] == "command" and entry["object"] in CONNECT_NOISE)
         ]
         return entries
-
-
-@pytest.fixture(autouse=True)
-def no_lingering(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Wait groups unsubscribe as soon as their last waiter leaves, so every
-    scenario sends its UNSUBSCRIBEs (a rule under test) before it ends."""
-    monkeypatch.setattr(waiting, "LINGER_S", 0.0)
 
 
 @pytest.fixture

@@ -25,11 +25,8 @@
 --                                granted (now, or already: a re-sent acquire
 --                                returns the same grant and never grants twice);
 --                                queued: requests still queued behind it (a count)
---   {0, ticket, holder_fence, holder_pttl_ms}
---                                queued; the ticket is kept across re-sends;
---                                holder_fence is the current holder's fence and
---                                holder_pttl_ms its lease's time to live (0, 0
---                                when nobody holds it)
+--   {0, ticket, holder_fence}    queued; the ticket is kept across re-sends;
+--                                holder_fence is the current holder's fence
 --   {-1, how}                    refused: this call's request already ended, or
 --                                was taken over by a later call (how is an
 --                                ENDED_* code): a late copy changes nothing
@@ -92,4 +89,4 @@ if granted and granted[1] == token then
     return {1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE)}
 end
 local holder = current_grant()
-return {0, ticket, holder and holder[2] or 0, holder and holder[4] or 0}
+return {0, ticket, holder and holder[2] or 0}

@@ -77,12 +77,11 @@ class RecordingProtocol(Protocol):
                 self.faults.fault("scripterror", f"{script}:{exc.cause}")
             raise
 
-    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int, int]:
-        reply = await self._guard("acquire", self.inner.acquire(*args, **kwargs))
-        grant, ticket = reply[0], reply[1]
+    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int]:
+        grant, ticket, holder = await self._guard("acquire", self.inner.acquire(*args, **kwargs))
         token = protocol_arguments(Protocol.acquire, args, kwargs)["token"]
         self.record.queued(token, ticket, grant is not None)
-        return reply
+        return grant, ticket, holder
 
     claim = _guarded("claim")
     release = _guarded("release")

@@ -289,16 +289,16 @@ class SplitGrantProtocol(Protocol):
         token = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         return token, Grant(int(reply[1]), int(reply[2]), int(reply[3]))
 
-    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int, int]:
-        grant, ticket, holder, holder_pttl_ms = await super().acquire(*args, **kwargs)
+    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int]:
+        grant, ticket, holder = await super().acquire(*args, **kwargs)
         if grant is None:
             call = protocol_arguments(Protocol.acquire, args, kwargs)
             made = await self._hand_off(
                 call["client"], call["keys"], call["settings"].keep_ms, call["token"]
             )
             if made is not None and made[0] == call["token"]:
-                return made[1], made[1].ticket, made[1].fence, made[1].pttl_ms
-        return grant, ticket, holder, holder_pttl_ms
+                return made[1], made[1].ticket, made[1].fence
+        return grant, ticket, holder
 
     async def release(self, *args: Any, **kwargs: Any) -> tuple[int, tuple[str, Grant] | None]:
         outcome, handover = await super().release(*args, **kwargs)

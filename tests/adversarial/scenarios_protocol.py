@@ -156,7 +156,7 @@ async def _release_replayed(arena: Arena) -> list[str]:
         # trimmed by count, mutant history-by-count, drops it first).
         process = f"zz{round_:03d}"
         call = f"{process}/000000000001"
-        grant, *_ = await protocol.acquire(
+        grant, _, _ = await protocol.acquire(
             arena.admin, keys, f"b-{round_}", process, settings, call=call, floor=call
         )
         if grant is None:
