@@ -121,9 +121,7 @@ def test_many_sequential_async_to_sync_calls_leak_no_connection_and_no_closed_lo
         run()
     wait_until(lambda: settled_connections() <= baseline, "closed connections to go", 5)
 
-    # At most: a wait group lingering after a call (LINGER_S) may have closed its
-    # doorbell connection since the baseline.
-    assert settled_connections() <= baseline and after_10 <= baseline
+    assert settled_connections() == after_10 == baseline
     assert len(lock_clients) == loops  # every call's loop closed its client
     assert exclusive.fences == sorted(set(exclusive.fences)) and len(exclusive.fences) == 3 * 41
     assert exclusive.most == 1
