@@ -39,6 +39,7 @@ from redis_fifo_lock import (
     LoopClients,
     RedisUnavailable,
     SyncFifoLock,
+    eviction,
 )
 from redis_fifo_lock.acl import acl_rules, key_pattern
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
@@ -490,8 +491,12 @@ async def test_a_refused_subscribe_command_names_its_rule(
 
 
 async def test_a_refused_config_get_warns_once_naming_its_rule(
-    server: Server, caplog: pytest.LogCaptureFixture
+    server: Server, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # What this process learnt of earlier servers is kept per address for
+    # RECHECK_S: an earlier test's server on the same (reused) port must not
+    # stand in for this one.
+    monkeypatch.setattr(eviction, "_servers", {})
     client = AsyncRedis.from_url(server.user(acl_rules()))
     caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
     try:
