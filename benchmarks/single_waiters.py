@@ -16,75 +16,80 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import statistics
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from typing import Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from benchmarks.analysis import TimedHold, median, pairs
+from benchmarks.harness import command_calls, redis_server
 from redis_fifo_lock import FifoLock
-from redis_fifo_lock.testing import private_redis_server
 
 COUNTED = ("evalsha", "eval", "subscribe", "unsubscribe", "publish")
 """Commands reported per grant."""
 
 
-def contend(url: str, seconds: float, out: Connection) -> None:
-    """Take and release the lock for ``seconds``; send back the stamps
-    (kind, ns): "a" just after acquire returned, "r" just before release."""
+def contend(url: str, contender: int, seconds: float, out: Connection) -> None:
+    """Take and release the lock for ``seconds``; send back each grant as a
+    ``TimedHold`` row (see ``TimedHold.as_row``)."""
 
-    async def run() -> list[tuple[str, int]]:
+    async def run() -> list[list[int | None]]:
         client = AsyncRedis.from_url(url)
         lock = FifoLock(client, "single-waiters")
-        stamps: list[tuple[str, int]] = []
+        rows: list[list[int | None]] = []
         stop = time.monotonic() + seconds
         while time.monotonic() < stop:
+            arrival = time.monotonic_ns()
             lease = await lock.acquire()
-            stamps.append(("a", time.monotonic_ns()))
-            stamps.append(("r", time.monotonic_ns()))
+            acquired = release = time.monotonic_ns()
             await lock.release(lease)
+            hold = TimedHold(
+                lease.fence,
+                lease.ticket,
+                acquired,
+                exited_ns=release,
+                contender=contender,
+                arrival_ns=arrival,
+                released_ns=time.monotonic_ns(),
+            )
+            rows.append(hold.as_row())
         await client.aclose()
-        return stamps
+        return rows
 
     out.send(asyncio.run(run()))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the workload on a private server and print its figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Run the workload ($REDIS_URL, or a private server) and print its figures."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args(argv)
-    with private_redis_server() as server:
+    with redis_server(args.processes) as url:
+        before = command_calls(Redis.from_url(url))
         pipes = [multiprocessing.Pipe(duplex=False) for _ in range(args.processes)]
         workers = [
-            multiprocessing.Process(target=contend, args=(server.url, args.seconds, sender))
-            for _, sender in pipes
+            multiprocessing.Process(target=contend, args=(url, index, args.seconds, sender))
+            for index, (_, sender) in enumerate(pipes)
         ]
         for worker in workers:
             worker.start()
-        stamps = [stamp for receiver, _ in pipes for stamp in receiver.recv()]
+        rows: list[Any] = [row for receiver, _ in pipes for row in receiver.recv()]
         for worker in workers:
             worker.join()
-        stats = Redis.from_url(server.url).info("commandstats")
-    events = sorted((ns, kind) for kind, ns in stamps)
-    grants = sum(1 for _, kind in events if kind == "a")
-    gaps, called = [], None
-    for ns, kind in events:
-        if kind == "r":
-            called = ns
-        elif called is not None:
-            gaps.append((ns - called) / 1000)
-            called = None
+        after = command_calls(Redis.from_url(url))
+    holds = [TimedHold.from_row(row) for row in rows]
+    gap_us = median(pair.gap_ns / 1000 for pair in pairs(holds))
     per_grant = {
-        command: int(stats.get(f"cmdstat_{command}", {}).get("calls", 0)) / grants
+        command: (after.get(command, 0) - before.get(command, 0)) / len(holds)
         for command in COUNTED
     }
     print(
-        f"{args.processes} processes x 1 waiter: {grants / args.seconds:.0f} grants/s, "
-        f"idle gap p50 {statistics.median(gaps):.0f} us; per grant: "
+        f"{args.processes} processes x 1 waiter: {len(holds) / args.seconds:.0f} grants/s, "
+        f"idle gap p50 {gap_us or 0:.0f} us; per grant: "
         + ", ".join(f"{command} {count:.2f}" for command, count in per_grant.items())
     )
 
