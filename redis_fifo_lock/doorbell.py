@@ -1,7 +1,9 @@
 """The doorbell: one pub/sub subscription per client, shared by all its waiters.
 
 Every grant made by a script is published as ``"<token> <fence> <ticket>
-<pttl_ms> <call>"`` on the doorbell channel of the session that waits for it,
+<pttl_ms> <call> <queued> <proof>"`` (the proof signs the rest with a secret of
+the acquire call, see ``grant_next`` in lib.lua) on the doorbell channel of the
+session that waits for it,
 ``fifolock:{<name>}:doorbell:<session>``, so a grant wakes only the process it
 is for, however many processes wait. A process subscribes to the channel of each
 of its wait groups and routes each ring to that group's waiters. The doorbell is
@@ -281,8 +283,10 @@ class Doorbell:
             if ring is None:
                 return
             try:
-                token, fence, ticket, pttl_ms, call = _text(message["data"]).split(" ")
-                grant = Grant(int(fence), int(ticket), int(pttl_ms), call)
+                token, fence, ticket, pttl_ms, call, queued, proof = _text(message["data"]).split(
+                    " "
+                )
+                grant = Grant(int(fence), int(ticket), int(pttl_ms), call, int(queued), proof)
             except ValueError:
                 # Not rung by the lock's scripts: ignored (the poll is the truth).
                 log.debug("doorbell: ignored a malformed ring on %s", channel)

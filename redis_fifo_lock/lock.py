@@ -434,9 +434,10 @@ class FifoLock:
 
     def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:
         """The lease for a grant that a release of this process handed over in its
-        reply: no round trip, dated from when that release was sent (before Redis
-        made the grant). None - then the waiter claims - when there is none, it
-        is for another ticket, the dating leaves it too little slack, or
+        reply, or a signed ring brought: no round trip, dated from when that
+        release (or the waiter's acquire call) was sent, before Redis made the
+        grant. None - then the waiter claims - when there is none, it is for
+        another call or ticket, the dating leaves it too little slack, or
         ``replicas`` must confirm it."""
         granted, waiter.granted = waiter.granted, None
         if granted is None or self.settings.replicas:
@@ -449,6 +450,7 @@ class FifoLock:
         waited = time.monotonic() - dated
         if (
             grant.ticket != waiter.ticket
+            or grant.call != waiter.call
             or waited >= min(self.settings.renew_every_s, grant.pttl_ms / 1000) / 2
         ):
             return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
@@ -155,8 +156,9 @@ class Script:
 class Grant:
     """A grant as Redis reported it: fence and ticket, lease time left in ms,
     (in a ring or a hand-over) the id of the acquire call it answers ("" if not
-    given), and (in a reply to the request's own process) ``queued``, the number
-    of requests still queued behind it when that reply was made (0 if not given).
+    given), ``queued``, the number of requests still queued behind it when it
+    was made (0 if not given), and (in a ring) ``proof``, the ring's signature
+    (see ``ring_proof``; "" if none).
     """
 
     fence: int
@@ -164,6 +166,24 @@ class Grant:
     pttl_ms: int
     call: str = ""
     queued: int = 0
+    proof: str = ""
+
+
+def new_ring_key() -> str:
+    """A new secret for one acquire call (16 hex digits): the script keeps it
+    with the queued request and signs the ring of its grant with it."""
+    return secrets.token_hex(8)
+
+
+def ring_proof(ring_key: str, token: str, grant: Grant) -> str:
+    """The signature a script puts on the ring of ``grant`` to request ``token``
+    made by a call with secret ``ring_key`` (see ``grant_next`` in lib.lua): the
+    SHA-1 of the key and the ring's other fields, in hex."""
+    body = (
+        f"{ring_key} {token} {grant.fence} {grant.ticket} {grant.pttl_ms} {grant.call} "
+        f"{grant.queued}"
+    )
+    return hashlib.sha1(body.encode(), usedforsecurity=True).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -322,13 +342,15 @@ class Protocol:
         call: str,
         floor: str,
         holder: str = "",
+        ring_key: str | None = None,
     ) -> tuple[Grant | None, int, int]:
         """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
 
         ``call``: id of this acquire call, "<session>/<seq>" (see lib.lua);
         ``floor``: the session's floor for this lock (see ``Calls.floor``);
         ``holder``: the caller's description, recorded for onlookers (see
-        ``holder.py``).
+        ``holder.py``); ``ring_key``: this call's secret (no spaces), with which
+        the ring of its grant is signed (see ``ring_proof``); None: a new one.
 
         Raises:
             NotReplicated: (with ``replicas``) granted, but not acknowledged by
@@ -347,6 +369,7 @@ class Protocol:
             floor,
             call,
             holder,
+            ring_key or new_ring_key(),
         )
         acked = 0
         if self.replicas:

@@ -5,9 +5,14 @@ loop) form a ``WaitGroup``. The group has one session id, whose liveness Redis
 keeps in the lock's ``alive`` set; one poll per group refreshes it and asks
 Redis for the grant, so 10,000 waiters cost one script call per ``poll_ms``, and
 when the process dies all of its waiters are skipped together. A ring of the
-doorbell, or the next poll at the latest, wakes a waiter; it then claims its
-grant with a script call of its own, whose reply (dated by when it was sent)
-is what starts the lease: a ring is a hint, and may be late, repeated or forged.
+doorbell, or the next poll at the latest, wakes a waiter. A ring signed with the
+secret of the waiter's current acquire call (its ``ring_key``, which only the
+script and the lock's keys know) is its grant, dated from when that call was
+sent: the grant is younger, however late the ring is read. Anything else - a
+poll's news, an unsigned, forged or stale ring, or a grant dated so far back
+that its lease would look too short - makes the waiter claim its grant with a
+script call of its own, whose reply (dated by when it was sent) starts the
+lease.
 
 The ``Hub`` holds the per-client state: the doorbell, the groups, two lanes of
 script calls (so waiters never cost a connection each, and renewals never wait
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -36,7 +42,17 @@ from .doorbell import Doorbell, report_refusal
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
 from .loops import loop_context
-from .protocol import GAVE_BACK, AsyncClient, ClaimReply, Grant, LockKeys, PollReply, Protocol
+from .protocol import (
+    GAVE_BACK,
+    AsyncClient,
+    ClaimReply,
+    Grant,
+    LockKeys,
+    PollReply,
+    Protocol,
+    new_ring_key,
+    ring_proof,
+)
 from .settings import LockSettings
 
 if TYPE_CHECKING:
@@ -78,10 +94,12 @@ class Waiter:
         queued_at: when (``time.monotonic()`` seconds) that reply arrived.
         sent_at: when (``time.monotonic()`` seconds) the latest acquire call
             was made (before it waited for a lane): a grant it made is younger.
+        ring_key: the secret (str) sent with the latest acquire call, with which
+            Redis signs the ring of its grant; a new one for each call.
         granted: a grant handed over by a release of this process (the reply to
-            that release), with the moment (monotonic s) its lease may be dated
-            from: when the release was sent, before Redis made the grant. None
-            otherwise.
+            that release) or by a signed ring, with the moment (monotonic s) its
+            lease may be dated from: when that release, or this request's
+            acquire call, was sent, before Redis made the grant. None otherwise.
         holder: the description of the caller (str, see ``holder.py``) that its
             acquire records for onlookers; "" for none.
     """
@@ -92,6 +110,7 @@ class Waiter:
         self.ticket: int | None = None
         self.queued_at: float | None = None
         self.sent_at = 0.0
+        self.ring_key = new_ring_key()
         self.granted: tuple[Grant, float] | None = None
         self.holder = ""
         self._loop = loop
@@ -102,6 +121,14 @@ class Waiter:
         is unknown until it replies, and a grant it makes is younger than now."""
         self.ticket = self.queued_at = None
         self.sent_at = time.monotonic()
+        self.ring_key = new_ring_key()
+
+    def signed(self, grant: Grant) -> bool:
+        """Whether ``grant`` (from a ring) was signed by Redis for this waiter's
+        current acquire call: made by a script, for this call, after it was sent."""
+        return grant.call == self.call and hmac.compare_digest(
+            grant.proof, ring_proof(self.ring_key, self.token, grant)
+        )
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
@@ -180,9 +207,11 @@ class WaitGroup:
                 self._wake.set()
 
     def ring(self, token: str, grant: Grant) -> None:
-        """A grant was rung on this group's doorbell: a hint, never proof.
+        """A grant was rung on this group's doorbell.
 
-        A waiter of ``token`` is woken to claim it. A ring for a request nobody
+        A waiter of ``token`` is woken, with the grant if the ring is signed for
+        its current call (``Waiter.signed``); otherwise it claims what the ring
+        says, which may be late, repeated or forged. A ring for a request nobody
         here waits for or holds (one this process gave up, or a late copy of a
         finished one) is given back at once, so the lock does not stall; the
         withdraw script touches only this session's request of that ticket, so
@@ -190,6 +219,8 @@ class WaitGroup:
         """
         waiter = self.waiters.get(token)
         if waiter is not None:
+            if waiter.signed(grant):
+                waiter.granted = (grant, waiter.sent_at)
             waiter.hint()
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
             self.hub.withdraw(self, token, grant.ticket, grant.call or UNKNOWN_CALL)
@@ -208,6 +239,7 @@ class WaitGroup:
                 call=waiter.call,
                 floor=call_ids().floor(self.keys),
                 holder=waiter.holder,
+                ring_key=waiter.ring_key,
             )
 
         return await self.hub.run(self.hub.calls, send)

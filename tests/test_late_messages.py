@@ -26,6 +26,7 @@ from redis_fifo_lock.waiting import WaitGroup
 from tests.support.polling import until
 from tests.support.record import Record
 from tests.support.replay import ScriptCalls, reply_code
+from tests.support.rings import forged_ring
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -181,10 +182,9 @@ async def test_a_forged_ring_never_makes_acquire_return(
         return [_text(channel) for channel in await aredis.pubsub_channels("*doorbell*")]
 
     await until(doorbells, "w's doorbell is subscribed")
-    ticket = int(await aredis.zscore(waiter.keys.key("queue"), "w") or 0)
-    for channel in await doorbells():
-        # Anyone with PUBLISH rights can send this; the lock never granted fence 999.
-        await aredis.publish(channel, f"w 999 {ticket} 60000")
+    # Anyone with PUBLISH rights can send this; the lock never granted fence 999.
+    channel, ring = await forged_ring(aredis, waiter.keys, "w", 999)
+    assert await aredis.publish(channel, ring) == 1
     done, _ = await asyncio.wait({acquiring}, timeout=1.0)  # two polls and more
     if done:
         forged = acquiring.result()
@@ -379,3 +379,36 @@ async def test_a_lease_lost_while_its_process_moved_on_is_lost_at_its_release(
     await aredis.delete(lock.keys.key("lease"))
     with pytest.raises(LeaseLost):
         await lock.release(lease)
+
+
+async def test_a_signed_ring_is_the_grant_and_no_claim_is_sent(
+    clients: Callable[[], AsyncRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-off to a waiter of another process costs the release and the ring,
+    not a third round trip: the ring is signed for the waiter's acquire call, so
+    the waiter takes it as its grant without claiming it, and dates its lease
+    from when it sent that call (before the grant was made)."""
+    settings = {"lease_ms": 60_000, "poll_ms": 30_000}
+    holder = FifoLock(clients(), "signed", **settings)
+    waiter = FifoLock(clients(), "signed", **settings)
+    claims: list[str] = []
+    claim = waiter._protocol.claim
+
+    async def counted(client: AsyncRedis, keys: LockKeys, token: str, *args: object) -> object:
+        claims.append(token)
+        return await claim(client, keys, token, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(waiter._protocol, "claim", counted)
+    lease = await holder.acquire(timeout=5)
+    before_acquire = time.monotonic()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
+    await until(lambda: queued(waiter.client, waiter.keys, "w"), "w is queued")
+    release_called = time.monotonic()
+    await holder.release(lease)
+    granted = await waiting
+    try:
+        assert claims == [], "the waiter claimed a grant its signed ring had brought"
+        # The ring's lease may be cut to the waiter's liveness (set at its acquire).
+        assert before_acquire + 59 <= granted.expires_at <= release_called + 60
+    finally:
+        await waiter.release(granted)

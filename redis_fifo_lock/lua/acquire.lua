@@ -19,6 +19,8 @@
 --         presumed dead) joins again at the back with a new call
 -- ARGV[10] holder: a short description of the caller (host, pid, task...),
 --         shown by status.lua, never used for a decision; "" for none
+-- ARGV[11] ring_key: a secret of this call (no spaces), which signs the ring
+--         of its grant (see grant_next in lib.lua)
 --
 -- Returns:
 --   {1, fence, ticket, pttl_ms, queued}
@@ -33,7 +35,7 @@
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep_ms, floor, call = tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local holder = ARGV[10] or ''
+local holder, ring_key = ARGV[10], ARGV[11]
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 
@@ -80,7 +82,7 @@ else
     redis.call('ZADD', K_QUEUE, int(ticket), token)
 end
 redis.call('HSET', K_WAITERS, token,
-    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call .. ' ' .. holder)
+    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call .. ' ' .. ring_key .. ' ' .. holder)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
 local granted = grant_next(now, now_us, doorbell, token, false)

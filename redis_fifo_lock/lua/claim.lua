@@ -1,7 +1,7 @@
--- claim.lua: a waiter that was told (by a doorbell ring or a poll) that it may
--- hold the lock checks that it does, and re-arms the lease to its full length,
--- in one step. A ring is a hint, never proof: only this reply, dated by when
--- the caller sent it, starts a lease.
+-- claim.lua: a waiter that was told (by a poll, an unsigned ring, or a signed
+-- one read too late to date its lease usefully) that it may hold the lock checks
+-- that it does, and re-arms the lease to its full length, in one step. This
+-- reply, dated by when the caller sent it, starts the lease.
 --
 -- KEYS: the six lock keys, see lib.lua.
 -- ARGV[1] request token

@@ -4,7 +4,8 @@
 -- KEYS (the same six for every script, all under the lock's hash tag):
 --   KEYS[1] queue     sorted set: request token -> ticket (arrival order)
 --   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms> <call>
---                     <holder>" (holder: a description for onlookers, may be empty)
+--                     <ring_key> <holder>" (ring_key: the acquire call's secret, which
+--                     signs its ring; holder: a description for onlookers, may be empty)
 --   KEYS[3] alive     sorted set: session id -> alive-until (server ms)
 --   KEYS[4] lease     hash {token, fence, ticket, session, call, deadline, holder};
 --                     exists while held, expires (PEXPIRE) when not renewed
@@ -172,15 +173,15 @@ local function ended(call)
     return nil
 end
 
--- A queued request's {session, lease_ms, max_hold_ms, call, holder}, or nil.
+-- A queued request's {session, lease_ms, max_hold_ms, call, holder, ring_key}, or nil.
 local function waiter_of(token)
     local meta = redis.call('HGET', K_WAITERS, token)
     if not meta then
         return nil
     end
-    local session, lease_ms, max_hold_ms, call, holder =
-        string.match(meta, '^(%S+) (%d+) (%d+) (%S+) ?(.*)$')
-    return session and {session, tonumber(lease_ms), tonumber(max_hold_ms), call, holder}
+    local session, lease_ms, max_hold_ms, call, ring_key, holder =
+        string.match(meta, '^(%S+) (%d+) (%d+) (%S+) (%S+) ?(.*)$')
+    return session and {session, tonumber(lease_ms), tonumber(max_hold_ms), call, holder, ring_key}
 end
 
 -- Every key but the lease expires keep_ms after the last script that wrote.
@@ -214,12 +215,17 @@ end
 -- waiter that died a moment ago stalls the lock no longer than its liveness; the
 -- waiter re-arms it to lease_ms when it claims the grant.
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
--- with "<token> <fence> <ticket> <pttl_ms> <call>": a hint to claim, never proof
--- of a grant (anyone allowed to PUBLISH there could send one). No ring when the
+-- with "<body> <proof>", body "<token> <fence> <ticket> <pttl_ms> <call> <queued>"
+-- (queued: requests still queued behind the grant) and proof the SHA-1 of
+-- "<ring_key> <body>": only a sender that knows the acquire call's ring key
+-- (a secret the waiter sent with it, kept in K_WAITERS until this grant) can
+-- sign a ring, so the waiter takes a signed ring as its grant, dated from when
+-- it sent that call; anything else only makes it claim. No ring when the
 -- grant goes to `caller_token` (the request the running script acts for) or to
--- `caller_session` (the process running it): they learn of it from the reply. The ring is a pcall: a PUBLISH that the server refuses (an ACL
--- without the channel) must not fail the script after its writes; the waiter
--- then finds its grant by polling.
+-- `caller_session` (the process running it): they learn of it from the reply.
+-- The ring is a pcall: a PUBLISH that the server refuses (an ACL without the
+-- channel) must not fail the script after its writes; the waiter then finds
+-- its grant by polling.
 -- Returns the new grant as {token, fence, ticket, pttl_ms, call, session}, or nil.
 local function grant_next(now, now_us, doorbell, caller_token, caller_session)
     if redis.call('EXISTS', K_LEASE) == 1 then
@@ -251,8 +257,10 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session)
             redis.call('PEXPIRE', K_LEASE, ttl)
             redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then
+                local body = token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl)
+                    .. ' ' .. call .. ' ' .. redis.call('ZCARD', K_QUEUE)
                 redis.pcall('PUBLISH', doorbell .. ':' .. session,
-                    token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl) .. ' ' .. call)
+                    body .. ' ' .. redis.sha1hex(waiter[6] .. ' ' .. body))
             end
             return {token, fence, ticket, ttl, call, session}
         end

@@ -244,6 +244,30 @@ class RingDatedLock(FifoLock):
         return await super()._claim(hub, group, waiter, started, deadline)
 
 
+class UncheckedRingGroup(WaitGroup):
+    """MUTANT ring-proof-unchecked: a ring naming the waiter's current acquire call
+    is taken as its grant (dated from that call, as a signed one is) without
+    checking its proof, so a forged ring is believed."""
+
+    def ring(self, token: str, grant: Grant) -> None:
+        waiter = self.waiters.get(token)
+        if waiter is not None and grant.call == waiter.call:
+            waiter.granted = (grant, waiter.sent_at)
+        super().ring(token, grant)
+
+
+class ReadDatedRingGroup(WaitGroup):
+    """MUTANT signed-ring-dated-at-read: a signed ring's lease is dated from when
+    this process read the ring, not from when the waiter's acquire was sent, so a
+    ring read late (a busy event loop) makes the lease outlive Redis's."""
+
+    def ring(self, token: str, grant: Grant) -> None:
+        super().ring(token, grant)
+        waiter = self.waiters.get(token)
+        if waiter is not None and waiter.granted is not None:
+            waiter.granted = (waiter.granted[0], time.monotonic())
+
+
 SPLIT_GAP_S = 0.03
 """MUTANT split-grant: time between its read and its write round trip - what a
 slow network or a busy client gives any two round trips."""
@@ -554,6 +578,18 @@ MUTANTS: dict[str, Mutant] = {
                 (FifoLock._acquire, "await self._claim("),
                 (WaitGroup.ring, "waiter.hint()"),
             ),
+        ),
+        Mutant(
+            "ring-proof-unchecked",
+            "a ring naming the waiter's acquire call is its grant, proof unchecked",
+            group_class=UncheckedRingGroup,
+            requires=((WaitGroup.ring, "if waiter.signed(grant):"),),
+        ),
+        Mutant(
+            "signed-ring-dated-at-read",
+            "a signed ring's lease is dated from when the ring was read",
+            group_class=ReadDatedRingGroup,
+            requires=((WaitGroup.ring, "waiter.granted = (grant, waiter.sent_at)"),),
         ),
         Mutant(
             "renewal-never-started",

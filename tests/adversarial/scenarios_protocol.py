@@ -17,6 +17,7 @@ from tests.adversarial.faults import KEY_PARTS, kill_connections
 from tests.adversarial.registry import Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
 from tests.support.replay import reply_code, script_calls
+from tests.support.rings import forged_ring
 
 
 def _ticket_of(arena: Arena, token: str) -> int:
@@ -51,8 +52,8 @@ async def _forged_ring(arena: Arena) -> list[str]:
     token = f"w-{arena.ctx.rng.getrandbits(20):05x}"
     waiting = asyncio.create_task(actor_w.attempt(lock_w, token, Plan(0.05, timeout_s=10)))
     await arena.until(lambda: arena.queued(token), "w is queued")
-    channel = arena.keys.doorbell_of(_session_of(client, token))
-    forged = f"{token} 999999 {_ticket_of(arena, token)} 5000"
+    channel, forged = await forged_ring(arena.admin, arena.keys, token, 999999)
+    assert channel == arena.keys.doorbell_of(_session_of(client, token))
 
     async def subscribed() -> bool:
         counts = await arena.admin.pubsub_numsub(channel)
@@ -110,7 +111,7 @@ async def _ring_read_late(arena: Arena) -> list[str]:
 
 @scenario(
     "ring-read-late",
-    kills=("lease-dated-from-ring",),
+    kills=("lease-dated-from-ring", "ring-proof-unchecked", "signed-ring-dated-at-read"),
     faults="a forged doorbell ring; a waiter's event loop blocked while its grant lands",
 )
 async def ring_read_late(ctx: Context) -> Outcome:

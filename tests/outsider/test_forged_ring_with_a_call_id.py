@@ -12,6 +12,12 @@ within lease_ms/6 of the acquire. The call id is no secret: it sits in the
 queue (``ZSCORE``), both readable with exactly the rules of ``acl_rules()``
 (``+hget +zscore +zrange ~fifolock:*``), as is ``+publish &fifolock:*``.
 So any other user of the lock's ACL can forge a grant (here: fence 999).
+
+Rings now carry a proof signed with a secret of the acquire call (its ring
+key), and only a signed ring is taken without a claim. The forger here knows the
+call id and ticket, not the ring key. (The ring key sits in the same hash: a user
+who may read it may also ``DEL`` the lease key with the lock's rules, and no
+lock can keep out a user allowed to write its keys; docs/security.md.)
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, LockError
 from tests.support.polling import until
+from tests.support.rings import forged_ring
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,12 +51,8 @@ async def test_a_forged_ring_carrying_the_call_id_makes_acquire_return(
             return list(await aredis.pubsub_channels("*doorbell*"))
 
         await until(doorbells, "w's doorbell is subscribed")
-        # Everything the forger needs is readable with the lock's own ACL rules.
-        ticket = int(await aredis.zscore(waiter.keys.key("queue"), "w") or 0)
-        meta = (await aredis.hget(waiter.keys.key("waiters"), "w") or b"").decode()
-        session, _lease, _max, call = meta.split(" ", 4)[:4]
-        channel = waiter.keys.doorbell_of(session)
-        await aredis.publish(channel, f"w 999 {ticket} 60000 {call}")
+        channel, ring = await forged_ring(aredis, waiter.keys, "w", 999)
+        assert await aredis.publish(channel, ring) == 1
         done, _ = await asyncio.wait({acquiring}, timeout=1.0)
         try:
             assert not done, (
