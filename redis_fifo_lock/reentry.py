@@ -29,6 +29,7 @@ of the same lock is refused before anything is sent to Redis.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from contextvars import ContextVar
@@ -53,6 +54,9 @@ class Claim:
             waiting. (Weak: a claim never keeps a dropped lease, and so its
             lock, alive; see ``renewal.Renewal``.)
         ended: True once the request failed (timeout, error, cancellation).
+        pid: the process that made it (int). A child forked meanwhile inherits
+            the claim with its parent's context, but it is another process:
+            its own request waits for the parent's lease like any other.
     """
 
     keys: LockKeys
@@ -61,13 +65,15 @@ class Claim:
     task: weakref.ref[asyncio.Task[object]] | None = field(default=None, repr=False)
     lease: weakref.ref[Lease] | None = None
     ended: bool = False
+    pid: int = field(default_factory=os.getpid)
 
     @property
     def active(self) -> bool:
         """True while the request waits or its lease is held: not released, and
         not lost (a lost lease - refused renewal, or expired after a release
-        that could not reach Redis - no longer keeps anyone out)."""
-        if self.ended:
+        that could not reach Redis - no longer keeps anyone out), in the
+        process that made it."""
+        if self.ended or self.pid != os.getpid():
             return False
         if self.lease is None:
             return True

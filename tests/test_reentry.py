@@ -4,12 +4,16 @@ or waits for raises ``LockUsageError`` at once (``redis_fifo_lock.reentry``)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, LockTimeout, LockUsageError, LoopClients, SyncFifoLock
+from tests.support.forking import FAILED, RAISED, RETURNED, needs_fork
 from tests.support.polling import until
 
 FAST = {"lease_ms": 2000, "poll_ms": 200}
@@ -148,3 +152,30 @@ async def test_sync_to_async_inside_an_async_hold_is_refused(aredis: Redis, redi
     async with FifoLock(aredis, "jobs", **FAST).hold(timeout=5):
         with pytest.raises(LockUsageError, match="already held"):
             await sync_to_async(nested)()
+
+
+@needs_fork
+def test_a_child_forked_by_the_holder_waits_for_the_lock_like_any_other_process(
+    redis_url: str,
+) -> None:
+    """A process forked while its parent holds the lock is another process: its
+    untimed acquire waits for the parent's release, and is not refused as if it
+    asked for the parent's lease again (the child inherits the parent's flow of
+    control, and with it a copy of the claim)."""
+    lock = SyncFifoLock(redis_url, "forked-reentry", **FAST)
+    with lock.hold(timeout=5):
+        pid = os.fork()
+        if pid == 0:
+            code = FAILED
+            signal.alarm(30)  # a child that waits for ever dies of SIGALRM
+            try:
+                with SyncFifoLock(redis_url, "forked-reentry", **FAST).hold():
+                    code = RETURNED
+            except LockUsageError as exc:
+                print(f"child: {exc}", file=sys.stderr)
+                code = RAISED
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == RETURNED
