@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -286,12 +287,19 @@ class Doorbell:
                 token, fence, ticket, pttl_ms, call, queued, proof = _text(message["data"]).split(
                     " "
                 )
+                if not _PROOF.fullmatch(proof):
+                    raise ValueError(proof)
                 grant = Grant(int(fence), int(ticket), int(pttl_ms), call, int(queued), proof)
             except ValueError:
                 # Not rung by the lock's scripts: ignored (the poll is the truth).
                 log.debug("doorbell: ignored a malformed ring on %s", channel)
                 return
-            ring(token, grant)
+            try:
+                ring(token, grant)
+            except Exception:
+                # Anyone allowed to PUBLISH here can send anything: whatever one
+                # message does, the reader goes on serving every lock's waiters.
+                log.exception("doorbell: a ring on %s could not be handled", channel)
 
 
 def report_refusal(
@@ -365,6 +373,10 @@ async def _stop(reader: asyncio.Task[None] | None, pubsub: PubSub) -> None:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
     await _close(pubsub)
+
+
+_PROOF = re.compile(r"[0-9a-f]{40}")
+"""A ring's proof, as the scripts write it: a SHA-1 digest in lower-case hex."""
 
 
 def _text(value: object) -> str:

@@ -126,8 +126,9 @@ class Waiter:
     def signed(self, grant: Grant) -> bool:
         """Whether ``grant`` (from a ring) was signed by Redis for this waiter's
         current acquire call: made by a script, for this call, after it was sent."""
+        expected = ring_proof(self.ring_key, self.token, grant)
         return grant.call == self.call and hmac.compare_digest(
-            grant.proof, ring_proof(self.ring_key, self.token, grant)
+            grant.proof.encode(errors="replace"), expected.encode()
         )
 
     def queued(self, ticket: int | None) -> None:

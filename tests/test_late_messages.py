@@ -22,7 +22,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout
 from redis_fifo_lock.holds import violations
 from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, LockKeys, PollReply
-from redis_fifo_lock.waiting import WaitGroup
+from redis_fifo_lock.waiting import WaitGroup, hub_for
 from tests.support.polling import until
 from tests.support.record import Record
 from tests.support.replay import ScriptCalls, reply_code
@@ -412,3 +412,35 @@ async def test_a_signed_ring_is_the_grant_and_no_claim_is_sent(
         assert before_acquire + 59 <= granted.expires_at <= release_called + 60
     finally:
         await waiter.release(granted)
+
+
+@pytest.mark.parametrize("proof", ["\u00e9", "not-hex-" * 5, "0" * 39])
+async def test_a_malformed_ring_leaves_the_doorbell_ringing(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis], proof: str
+) -> None:
+    """Anyone who may PUBLISH on the lock's channels can send any text there. A
+    ring whose proof is not a digest (here: non-ASCII, not hex, too short) is
+    ignored, and the doorbell goes on carrying real rings: with a poll every
+    30 s, the next hand-off still comes within a second of the release."""
+    settings = {"lease_ms": 60_000, "poll_ms": 30_000}
+    holder = FifoLock(clients(), "malformed", **settings)
+    waiter = FifoLock(clients(), "malformed", **settings)
+    lease = await holder.acquire(timeout=5)
+    acquiring = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
+    await until(lambda: queued(aredis, waiter.keys, "w"), "w is queued")
+    channel, ring = await forged_ring(aredis, waiter.keys, "w", 999)
+    assert await aredis.publish(channel, ring.rsplit(" ", 1)[0] + " " + proof) == 1
+    # A ring published after it on the same channel is read after it: once the
+    # waiter was woken by this one, the malformed one has been handled.
+    woken = asyncio.Event()
+    group = hub_for(waiter.client).groups[(waiter.keys, waiter.settings)]
+    group.waiters["w"]._hint.add_done_callback(lambda _: woken.set())
+    assert await aredis.publish(channel, ring) == 1
+    await asyncio.wait_for(woken.wait(), 5)
+    assert not acquiring.done(), "a forged ring made acquire return"
+    started = time.monotonic()
+    await holder.release(lease)
+    granted = await acquiring
+    waited = time.monotonic() - started
+    await waiter.release(granted)
+    assert waited < 2.0, f"the waiter was served {waited:.1f} s after the release"
