@@ -57,10 +57,21 @@ class Worker:
         self._lines.put(None)
 
     def expect(self, event: str, timeout_s: float) -> dict[str, Any]:
-        """Wait up to ``timeout_s`` seconds for ``event``; raise ``BenchError`` if
-        the child exits or stays silent."""
+        """Wait up to ``timeout_s`` seconds for ``event``, skipping other events;
+        raise ``BenchError`` if the child exits or stays silent."""
+        return self.expect_all((event,), timeout_s)[event]
+
+    def expect_all(self, events: tuple[str, ...], timeout_s: float) -> dict[str, dict[str, Any]]:
+        """Wait up to ``timeout_s`` seconds for every one of ``events``, in any
+        order (two contenders of one process report independently), skipping
+        other events; raise ``BenchError`` if the child exits or stays silent."""
         deadline = time.monotonic() + timeout_s
+        seen: dict[str, dict[str, Any]] = {}
         for _ in range(10_000):
+            missing = [event for event in events if event not in seen]
+            if not missing:
+                return seen
+            event = missing[0]
             try:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -73,9 +84,9 @@ class Worker:
                     f"before {event!r}; its stderr is above"
                 )
             message: dict[str, Any] = json.loads(line)
-            if message.get("event") == event:
-                return message
-        raise BenchError(f"{self.role} worker {self.pid}: too many lines before {event!r}")
+            if message.get("event") in events:
+                seen.setdefault(str(message["event"]), message)
+        raise BenchError(f"{self.role} worker {self.pid}: too many lines before {events!r}")
 
     def send(self, **command: Any) -> None:
         """Send one command line."""
