@@ -95,7 +95,8 @@ class Waiter:
         sent_at: when (``time.monotonic()`` seconds) the latest acquire call
             was made (before it waited for a lane): a grant it made is younger.
         ring_key: the secret (str) sent with the latest acquire call, with which
-            Redis signs the ring of its grant; a new one for each call.
+            Redis signs the ring of its grant; a new one for each call ("" before
+            the first).
         granted: a grant handed over by a release of this process (the reply to
             that release) or by a signed ring, with the moment (monotonic s) its
             lease may be dated from: when that release, or this request's
@@ -110,7 +111,7 @@ class Waiter:
         self.ticket: int | None = None
         self.queued_at: float | None = None
         self.sent_at = 0.0
-        self.ring_key = new_ring_key()
+        self.ring_key = ""  # each acquire call gets its own: see sending()
         self.granted: tuple[Grant, float] | None = None
         self.holder = ""
         self._loop = loop
@@ -126,10 +127,10 @@ class Waiter:
     def signed(self, grant: Grant) -> bool:
         """Whether ``grant`` (from a ring) was signed by Redis for this waiter's
         current acquire call: made by a script, for this call, after it was sent."""
+        if grant.call != self.call:
+            return False
         expected = ring_proof(self.ring_key, self.token, grant)
-        return grant.call == self.call and hmac.compare_digest(
-            grant.proof.encode(errors="replace"), expected.encode()
-        )
+        return hmac.compare_digest(grant.proof.encode(errors="replace"), expected.encode())
 
     def queued(self, ticket: int | None) -> None:
         """The acquire script replied: the request has ``ticket`` (None: unknown)."""
