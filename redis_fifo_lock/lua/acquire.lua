@@ -78,17 +78,18 @@ if ticket then
         finish(queued_call, ENDED_WITHDRAWN, now)
     end
 else
-    ticket = next_number('ticket', now_us)
+    ticket = next_number(redis.call('HGET', K_COUNTERS, 'ticket'), now_us)
+    redis.call('HSET', K_COUNTERS, 'ticket', int(ticket))
     redis.call('ZADD', K_QUEUE, int(ticket), token)
 end
 redis.call('HSET', K_WAITERS, token,
     session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call .. ' ' .. ring_key .. ' ' .. holder)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
-local granted = grant_next(now, now_us, doorbell, token, false)
+-- Held by another request (read above, and unchanged since), or free.
+local granted = not held[1] and grant_next(now, now_us, doorbell, token, false, true)
 touch(keep_ms)
 if granted and granted[1] == token then
     return {1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE)}
 end
-local holder = current_grant()
-return {0, ticket, holder and holder[2] or 0}
+return {0, ticket, granted and granted[2] or tonumber(held[2]) or 0}

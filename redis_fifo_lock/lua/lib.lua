@@ -56,15 +56,12 @@ local function clock()
     return math.floor(us / 1000), us
 end
 
--- The next ticket or fence: above the last one issued and at least the server
--- clock in microseconds, so numbers keep rising after their key was lost
--- (as long as the clock did not step back further than the time since). Below
--- 2^53 until the year 2255.
-local function next_number(field, now_us)
-    local last = tonumber(redis.call('HGET', K_COUNTERS, field)) or 0
-    local n = math.max(last + 1, now_us)
-    redis.call('HSET', K_COUNTERS, field, int(n))
-    return n
+-- The next ticket or fence after `last` (the last one issued, or nil): above
+-- it and at least the server clock in microseconds, so numbers keep rising
+-- after their key was lost (as long as the clock did not step back further
+-- than the time since). Below 2^53 until the year 2255.
+local function next_number(last, now_us)
+    return math.max((tonumber(last) or 0) + 1, now_us)
 end
 
 -- The process and seq of a call id (or of a floor), or nil for an unknown
@@ -73,19 +70,31 @@ local function split_call(call)
     return string.match(call, '^([^/%s]+)/(%x+)$')
 end
 
--- A process's {floor, ms, held} entry in K_FINISHED, or nil; held is the
--- set (a table of seq -> true) of its requests below the floor it holds.
-local function floor_of(session)
-    local entry = redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
-    if not entry[1] then
-        return nil
-    end
-    local floor, ms, held = string.match(entry[1], ' (%x+) (%d+)(.*)$')
+-- The floor entries this script read or wrote, by session (false: none), so
+-- that it reads each one at most once and writes it only when it changes.
+local floors = {}
+
+-- A floor entry as {floor, ms, held, set, entry}; held is the "+<seq>..."
+-- text, set the same seqs as a table of seq -> true.
+local function parse_floor(entry)
+    local floor, ms, held = string.match(entry, ' (%x+) (%d+)(.*)$')
     local set = {}
     for seq in string.gmatch(held, '%+(%x+)') do
         set[seq] = true
     end
-    return {floor, tonumber(ms), held, set, entry[1]}
+    return {floor, tonumber(ms), held, set, entry}
+end
+
+-- A process's {floor, ms, held, set, entry} entry in K_FINISHED, or nil; held
+-- is the set of its requests below the floor that it holds.
+local function floor_of(session)
+    local known = floors[session]
+    if known == nil then
+        local entry = redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. session .. '/~', '[' .. session .. '/~~')
+        known = entry[1] and parse_floor(entry[1]) or false
+        floors[session] = known
+    end
+    return known or nil
 end
 
 -- Added before the old entry goes, so the key is never left empty (and so
@@ -93,9 +102,12 @@ end
 -- and a script must not fail after its first write.
 local function set_floor(session, floor, now, held, old)
     local entry = session .. '/~ ' .. floor .. ' ' .. int(now) .. held
-    redis.call('ZADD', K_FINISHED, 0, entry)
-    if old and old ~= entry then
-        redis.call('ZREM', K_FINISHED, old)
+    if entry ~= old then
+        redis.call('ZADD', K_FINISHED, 0, entry)
+        if old then
+            redis.call('ZREM', K_FINISHED, old)
+        end
+        floors[session] = parse_floor(entry)
     end
 end
 
@@ -117,6 +129,7 @@ local function forget_silent(now, keep_ms)
             redis.call('ZREM', K_FINISHED, entry)
         end
     end
+    floors = {}
 end
 
 -- The caller's process says, with `floor_id` ("<process>/<seq>", then
@@ -214,6 +227,8 @@ end
 -- lease_ms, or less when the waiter's liveness runs out sooner, so a grant to a
 -- waiter that died a moment ago stalls the lock no longer than its liveness; the
 -- waiter re-arms it to lease_ms when it claims the grant.
+-- `lease_gone`: the running script knows that no lease exists (it read or
+-- ended it), so it is not looked up again.
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
 -- with "<body> <proof>", body "<token> <fence> <ticket> <pttl_ms> <call> <queued>"
 -- (queued: requests still queued behind the grant) and proof the SHA-1 of
@@ -227,14 +242,15 @@ end
 -- channel) must not fail the script after its writes; the waiter then finds
 -- its grant by polling.
 -- Returns the new grant as {token, fence, ticket, pttl_ms, call, session}, or nil.
-local function grant_next(now, now_us, doorbell, caller_token, caller_session)
-    if redis.call('EXISTS', K_LEASE) == 1 then
+local function grant_next(now, now_us, doorbell, caller_token, caller_session, lease_gone)
+    if not lease_gone and redis.call('EXISTS', K_LEASE) == 1 then
         return nil
     end
-    local expired = redis.call('HMGET', K_COUNTERS, 'holder', 'holder_call')
-    if expired[1] then
+    -- The grant last made and not ended by a script: its lease expired.
+    local last = redis.call('HMGET', K_COUNTERS, 'holder', 'holder_call', 'fence')
+    if last[1] then
         redis.call('HDEL', K_COUNTERS, 'holder', 'holder_call')
-        finish(expired[2] or '-', ENDED_LOST, now)
+        finish(last[2] or '-', ENDED_LOST, now)
     end
     redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', now)
     while true do
@@ -250,12 +266,12 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session)
         if alive_until then
             local session, call = waiter[1], waiter[4]
             local ttl = math.min(waiter[2], alive_until - now)
-            local fence = next_number('fence', now_us)
+            local fence = next_number(last[3], now_us)
             redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket', int(ticket),
                 'session', session, 'call', call, 'deadline', int(now + waiter[3]),
                 'holder', waiter[5])
             redis.call('PEXPIRE', K_LEASE, ttl)
-            redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)
+            redis.call('HSET', K_COUNTERS, 'fence', int(fence), 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then
                 local body = token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl)
                     .. ' ' .. call .. ' ' .. redis.call('ZCARD', K_QUEUE)

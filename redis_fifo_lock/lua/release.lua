@@ -23,9 +23,9 @@ local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local keep_ms, call, session, floor = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
 local now, now_us = clock()
 advance(floor, now, keep_ms)
-local held = current_grant()
+local held = redis.call('HMGET', K_LEASE, 'token', 'fence')
 local result = -1
-if held and held[1] == token and held[2] == fence then
+if held[1] == token and tonumber(held[2]) == fence then
     end_grant(call, ENDED_RELEASED, now)
     result = 1
 else
@@ -40,7 +40,7 @@ else
         result = 0
     end
 end
-local granted = grant_next(now, now_us, doorbell, false, session)
+local granted = grant_next(now, now_us, doorbell, false, session, result == 1)
 touch(keep_ms)
 if granted and granted[6] == session then
     return {result, granted[1], granted[2], granted[3], granted[4], granted[5],

@@ -291,7 +291,10 @@ class SplitGrantProtocol(Protocol):
             "if g then return g end\nreturn false\n"
         )
         lib = lua_source("lib.lua")
-        check = "    if redis.call('EXISTS', K_LEASE) == 1 then\n        return nil\n    end\n"
+        check = (
+            "    if not lease_gone and redis.call('EXISTS', K_LEASE) == 1 then\n"
+            "        return nil\n    end\n"
+        )
         if lib.count(check) != 1:
             raise MutantOutdated(f"mutant 'split-grant': {check!r} not found once in lib.lua")
         self.scripts["grant"] = SourceScript("grant.lua", lib.replace(check, "") + body)
@@ -414,17 +417,20 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("acquire",),
-                    "local granted = grant_next(now, now_us, doorbell, token, false)",
+                    "local granted = not held[1] and grant_next(now, now_us, doorbell, token, "
+                    "false, true)",
                     "local granted = nil\n"
                     "if redis.call('EXISTS', K_LEASE) == 0 then -- MUTANT grant-not-head\n"
                     "    redis.call('ZREM', K_QUEUE, token)\n"
                     "    redis.call('HDEL', K_WAITERS, token)\n"
-                    "    local fence = next_number('fence', now_us)\n"
+                    "    local last = redis.call('HGET', K_COUNTERS, 'fence')\n"
+                    "    local fence = next_number(last, now_us)\n"
                     "    redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence),\n"
                     "        'ticket', int(ticket), 'session', session, 'call', call,\n"
                     "        'deadline', int(now + max_hold_ms))\n"
                     "    redis.call('PEXPIRE', K_LEASE, lease_ms)\n"
-                    "    redis.call('HSET', K_COUNTERS, 'holder', token, 'holder_call', call)\n"
+                    "    redis.call('HSET', K_COUNTERS, 'fence', int(fence), 'holder', token,\n"
+                    "        'holder_call', call)\n"
                     "    granted = {token, fence, ticket, lease_ms}\n"
                     "end",
                 ),
@@ -436,9 +442,9 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 _all(
                     "local function grant_next(now, now_us, doorbell, caller_token, "
-                    "caller_session)\n",
+                    "caller_session, lease_gone)\n",
                     "local function grant_next(now, now_us, doorbell, caller_token, "
-                    "caller_session)\n"
+                    "caller_session, lease_gone)\n"
                     "    do return nil end -- MUTANT split-grant: granted from Python\n",
                 ),
             ),
@@ -450,8 +456,20 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("release",),
-                    "if held and held[1] == token and held[2] == fence then",
-                    "if held then -- MUTANT release-no-owner-check",
+                    "if held[1] == token and tonumber(held[2]) == fence then",
+                    "if held[1] then -- MUTANT release-no-owner-check",
+                ),
+            ),
+        ),
+        Mutant(
+            "release-trusts-lease-gone",
+            "release hands the lock on without looking at the lease when it did not "
+            "end a grant itself (a re-sent release, or one of a lost lease)",
+            lua=(
+                Substitution(
+                    ("release",),
+                    "grant_next(now, now_us, doorbell, false, session, result == 1)",
+                    "grant_next(now, now_us, doorbell, false, session, true) -- MUTANT",
                 ),
             ),
         ),
@@ -472,9 +490,8 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("release",),
-                    "local fence = next_number('fence', now_us)",
-                    "local fence = tonumber(redis.call('HGET', K_COUNTERS, 'fence')) or 0"
-                    " -- MUTANT",
+                    "local fence = next_number(last[3], now_us)",
+                    "local fence = tonumber(last[3]) or 0 -- MUTANT",
                 ),
             ),
         ),
@@ -482,7 +499,12 @@ MUTANTS: dict[str, Mutant] = {
             "fence-restarts-at-1",
             "tickets and fences are last + 1 with no clock: once the keys are gone "
             "(expired, FLUSHDB) they restart at 1",
-            lua=(_all("local n = math.max(last + 1, now_us)", "local n = last + 1 -- MUTANT"),),
+            lua=(
+                _all(
+                    "return math.max((tonumber(last) or 0) + 1, now_us)",
+                    "return (tonumber(last) or 0) + 1 -- MUTANT",
+                ),
+            ),
         ),
         Mutant(
             "cancel-without-withdraw",

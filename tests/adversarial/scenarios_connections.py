@@ -255,7 +255,7 @@ async def _release_elsewhere(arena: Arena) -> list[str]:
 
 @scenario(
     "late-and-repeated-releases",
-    kills=("release-no-owner-check",),
+    kills=("release-no-owner-check", "release-trusts-lease-gone"),
     faults="a release after the lease vanished; the same release sent twice",
 )
 async def late_and_repeated_releases(ctx: Context) -> Outcome:

@@ -143,7 +143,7 @@ FROZEN_HOLD_LEASES = 8.0
 
 @scenario(
     "sigstop-holder",
-    kills=("release-no-owner-check",),
+    kills=("release-no-owner-check", "release-trusts-lease-gone"),
     faults="SIGSTOP of the holder for 2.5 leases, then SIGCONT",
 )
 async def sigstop_holder(ctx: Context) -> Outcome:
