@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -393,8 +394,7 @@ class Hub:
         id and a digest of the settings. The same for every group of these
         settings on the hub, so a name's ``alive`` set holds one entry per
         process, loop and settings, however often the name is used."""
-        digest = hashlib.blake2s(repr(settings).encode(), digest_size=4).hexdigest()
-        return f"{self.session}.{digest}"
+        return f"{self.session}.{_digest_of(settings)}"
 
     def hand_over(
         self,
@@ -582,6 +582,13 @@ class Hub:
         await check_eviction_policy(
             self.client, name, lambda: self.run(self.calls, eviction_policies)
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(settings: LockSettings) -> str:
+    """A short digest of ``settings``, worked out once for the few settings a
+    process uses: a release asks for it on the way to Redis."""
+    return hashlib.blake2s(repr(settings).encode(), digest_size=4).hexdigest()
 
 
 def hub_for(client: AsyncClient) -> Hub:
