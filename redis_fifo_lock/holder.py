@@ -32,6 +32,8 @@ def bounded(text: str, limit: int = MAX_HOLDER_BYTES) -> str:
     """``text`` with control characters (line breaks, escapes...) replaced by a
     space and cut to at most ``limit`` bytes of UTF-8 (int, default
     ``MAX_HOLDER_BYTES``) on a character boundary; an ellipsis marks a cut."""
+    if text.isascii() and text.isprintable() and len(text) <= limit:
+        return text  # printable ASCII holds no control character: the common case
     clean = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
     data = clean.encode("utf-8")
     if len(data) <= limit:
