@@ -5,9 +5,10 @@ live script sources (``lib.lua`` + the script, as ``Script`` loads them) and run
 through ``Protocol(**overrides)``; every substitution asserts that its snippet
 occurs exactly once, so a refactor of the scripts breaks the mutant loudly
 instead of silently turning it into the real lock. A Python mutant is a
-subclass of ``FifoLock``, ``Protocol`` or ``WaitGroup``; ``Mutant.installed()``
-swaps the ``WaitGroup`` class for the duration of a ``with`` block (contender
-processes hold it for their whole life, selected with ``--mutant NAME``).
+subclass of ``FifoLock``, ``Protocol``, ``WaitGroup`` or ``Doorbell``;
+``Mutant.installed()`` swaps the ``WaitGroup`` and ``Doorbell`` classes for the
+duration of a ``with`` block (contender processes hold them for their whole
+life, selected with ``--mutant NAME``).
 
 ``REAL`` is the unmodified lock, so that every caller builds locks one way.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import hmac
 import inspect
 import time
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from redis.exceptions import RedisError
 
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
+from redis_fifo_lock.doorbell import Doorbell, _text
 from redis_fifo_lock.protocol import (
     GAVE_BACK,
     RELEASED,
@@ -256,6 +259,33 @@ class UncheckedRingGroup(WaitGroup):
         super().ring(token, grant)
 
 
+class TextProofGroup(WaitGroup):
+    """Part of MUTANT malformed-ring-ends-reader: a ring's proof is compared as
+    text, and ``hmac.compare_digest`` raises ``TypeError`` on a non-ASCII str."""
+
+    def ring(self, token: str, grant: Grant) -> None:
+        hmac.compare_digest(grant.proof, "0" * 40)
+        super().ring(token, grant)
+
+
+class UnguardedDoorbell(Doorbell):
+    """Part of MUTANT malformed-ring-ends-reader: a ring's proof is passed on
+    whatever its form, and a ring handler that raises ends the reader task, so
+    every lock of the client waits for its poll until a new wait subscribes."""
+
+    def _dispatch(self, message: dict[str, object]) -> None:
+        ring = self._handlers.get(_text(message["channel"]))
+        if message["type"] != "message" or ring is None:
+            super()._dispatch(message)
+            return
+        try:
+            token, fence, ticket, pttl_ms, call, queued, proof = _text(message["data"]).split(" ")
+            grant = Grant(int(fence), int(ticket), int(pttl_ms), call, int(queued), proof)
+        except ValueError:
+            return
+        ring(token, grant)
+
+
 class ReadDatedRingGroup(WaitGroup):
     """MUTANT signed-ring-dated-at-read: a signed ring's lease is dated from when
     this process read the ring, not from when the waiter's acquire was sent, so a
@@ -361,6 +391,7 @@ class Mutant:
     lock_class: type[FifoLock] = FifoLock
     protocol_class: type[Protocol] = Protocol
     group_class: type[WaitGroup] | None = None
+    doorbell_class: type[Doorbell] | None = None
     requires: tuple[tuple[object, str], ...] = field(default=())
 
     def check(self) -> None:
@@ -389,16 +420,18 @@ class Mutant:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """Swap in this variant's ``WaitGroup`` (if any) while the block runs."""
-        if self.group_class is None:
-            yield
-            return
-        original = waiting_module.WaitGroup
-        waiting_module.WaitGroup = self.group_class  # type: ignore[misc]
+        """Swap in this variant's ``WaitGroup`` and ``Doorbell`` (if any) while the
+        block runs."""
+        swaps = {"WaitGroup": self.group_class, "Doorbell": self.doorbell_class}
+        originals = {name: getattr(waiting_module, name) for name in swaps}
+        for name, replacement in swaps.items():
+            if replacement is not None:
+                setattr(waiting_module, name, replacement)
         try:
             yield
         finally:
-            waiting_module.WaitGroup = original  # type: ignore[misc]
+            for name, original in originals.items():
+                setattr(waiting_module, name, original)
 
 
 def _all(old: str, new: str) -> Substitution:
@@ -606,6 +639,17 @@ MUTANTS: dict[str, Mutant] = {
             "a ring naming the waiter's acquire call is its grant, proof unchecked",
             group_class=UncheckedRingGroup,
             requires=((WaitGroup.ring, "if waiter.signed(grant):"),),
+        ),
+        Mutant(
+            "malformed-ring-ends-reader",
+            "a ring whose proof is not ASCII makes its handler raise, and the raise "
+            "ends the doorbell's reader: waiters fall back to their poll",
+            group_class=TextProofGroup,
+            doorbell_class=UnguardedDoorbell,
+            requires=(
+                (Doorbell._dispatch, "if not _PROOF.fullmatch(proof):"),
+                (Doorbell._dispatch, "except Exception:"),
+            ),
         ),
         Mutant(
             "signed-ring-dated-at-read",

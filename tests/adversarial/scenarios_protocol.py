@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,30 +45,97 @@ BLOCK_MS = 900
 than what its liveness may have left when its grant lands 0.1 s into the stall."""
 
 
-async def _forged_ring(arena: Arena) -> list[str]:
-    """A ring nobody's script sent (anyone with PUBLISH rights can): the waiter it
-    names asks Redis, is told it does not hold the lock, and waits on."""
+@dataclass
+class _RungWaiter:
+    """A holder, and a waiter on a client of its own queued behind it, whose
+    doorbell channel is watched; with a ring for it that no script sent (fence
+    999999, its call and ticket, signed with a made-up key)."""
+
+    leave: Callable[[], Awaitable[str]]  # the holder leaves: its release outcome
+    waiting: asyncio.Task[Any]  # the waiter's acquire
+    token: str
+    channel: str
+    forged: str
+
+
+async def _rung_waiter(arena: Arena, timeout_s: float, ahead: Plan | None = None) -> _RungWaiter:
+    """``ahead``: a request of a third contender (``x``) queued before the waiter."""
     lock_h, actor_h, lease_h = await arena.enter("h")
+    if ahead is not None:
+        _, x_token = arena.waiter("x", ahead)
+        await arena.until(lambda: arena.queued(x_token), "x is queued")
     client = arena.client("w")
     lock_w, actor_w = arena.lock(client), Actor(arena.record, "w")
     token = f"w-{arena.ctx.rng.getrandbits(20):05x}"
-    waiting = asyncio.create_task(actor_w.attempt(lock_w, token, Plan(0.05, timeout_s=10)))
+    waiting = asyncio.create_task(actor_w.attempt(lock_w, token, Plan(0.05, timeout_s=timeout_s)))
     await arena.until(lambda: arena.queued(token), "w is queued")
     channel, forged = await forged_ring(arena.admin, arena.keys, token, 999999)
     assert channel == arena.keys.doorbell_of(_session_of(client, token))
+    await _watched(arena, channel)
+    return _RungWaiter(
+        lambda: arena.leave(lock_h, actor_h, lease_h), waiting, token, channel, forged
+    )
+
+
+async def _forged_ring(arena: Arena) -> list[str]:
+    """A ring nobody's script sent (anyone with PUBLISH rights can): the waiter it
+    names asks Redis, is told it does not hold the lock, and waits on."""
+    w = await _rung_waiter(arena, 10)
+    if not await arena.admin.publish(w.channel, w.forged):
+        return ["the forged ring reached no subscriber: the doorbell's channels changed"]
+    # Time for the forged ring to be read and claimed; nothing may come of it.
+    await asyncio.sleep(RING_LEASE_MS / 1000 / 2)
+    problems = [] if arena.entered(w.token) is None else ["a forged ring let w in"]
+    await w.leave()
+    return problems + await arena.served(w.waiting, w.token, 5.0)
+
+
+async def _watched(arena: Arena, channel: str) -> None:
+    """Wait until a process subscribed to doorbell ``channel``."""
 
     async def subscribed() -> bool:
         counts = await arena.admin.pubsub_numsub(channel)
         return bool(counts and counts[0][1])
 
-    await arena.until(subscribed, "w's process watches its doorbell")
-    if not await arena.admin.publish(channel, forged):
-        return ["the forged ring reached no subscriber: the doorbell's channels changed"]
-    # Time for the forged ring to be read and claimed; nothing may come of it.
-    await asyncio.sleep(RING_LEASE_MS / 1000 / 2)
-    problems = [] if arena.entered(token) is None else ["a forged ring let w in"]
-    await arena.leave(lock_h, actor_h, lease_h)
-    return problems + await arena.served(waiting, token, 5.0)
+    await arena.until(subscribed, f"a process watches {channel}")
+
+
+MALFORMED_LEASE_MS = 10_000
+MALFORMED_POLL_MS = 5_000
+NOT_ASCII_PROOF = "\u00e9" * 40
+MALFORMED_BOUND_S = 2.0
+"""The waiter must be handed the lock this soon after the holder's release (the
+request queued between them holds 0.2 s): by its ring, since its poll comes
+only every 5 s."""
+
+
+@scenario(
+    "ring-malformed",
+    kills=("malformed-ring-ends-reader",),
+    faults="rings no script sent, malformed: a proof that is not ASCII, fields missing",
+)
+async def ring_malformed(ctx: Context) -> Outcome:
+    """Anyone allowed to PUBLISH on a lock's channels can send anything there.
+    Malformed rings are ignored, and the doorbell goes on serving: the waiter is
+    handed the lock by the next real ring, long before its poll."""
+    server = ctx.servers()
+    arena = Arena(
+        ctx, server.url, "ring-malformed", lease_ms=MALFORMED_LEASE_MS, poll_ms=MALFORMED_POLL_MS
+    )
+    return outcome(ctx, "ring-malformed", await in_fresh_arena(arena, _malformed_rings))
+
+
+async def _malformed_rings(arena: Arena) -> list[str]:
+    # x, queued between the holder and w, holds 0.2 s: w's first poll (made when
+    # its process began to wait) is long done when the lock comes to w, so only
+    # a ring can bring it before the next poll.
+    w = await _rung_waiter(arena, 30, ahead=Plan(0.2, timeout_s=30))
+    body = w.forged.rsplit(" ", 1)[0]
+    for junk in (f"{body} {NOT_ASCII_PROOF}", body, "x"):
+        if not await arena.admin.publish(w.channel, junk):
+            return ["a malformed ring reached no subscriber: the doorbell's channels changed"]
+    await w.leave()
+    return await arena.served(w.waiting, w.token, MALFORMED_BOUND_S)
 
 
 async def _ring_read_late(arena: Arena) -> list[str]:
