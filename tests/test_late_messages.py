@@ -398,11 +398,25 @@ async def test_a_signed_ring_is_the_grant_and_no_claim_is_sent(
         claims.append(token)
         return await claim(client, keys, token, *args)  # type: ignore[arg-type]
 
+    polled: list[object] = []
+    poll = waiter._protocol.poll
+
+    async def answered(*args: object) -> object:
+        reply = await poll(*args)  # type: ignore[arg-type]
+        polled.append(reply)
+        return reply
+
     monkeypatch.setattr(waiter._protocol, "claim", counted)
+    monkeypatch.setattr(waiter._protocol, "poll", answered)
     lease = await holder.acquire(timeout=5)
     before_acquire = time.monotonic()
     waiting = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
     await until(lambda: queued(waiter.client, waiter.keys, "w"), "w is queued")
+    # Released only once the waiter's first poll answered: that poll comes when
+    # its doorbell subscription is confirmed. A ring sent before then reaches
+    # nobody, the poll finds the grant instead, and a waiter woken by a poll
+    # claims (CI on Valkey released that early once).
+    await until(lambda: polled, "the waiter's first poll answered")
     release_called = time.monotonic()
     await holder.release(lease)
     granted = await waiting
@@ -429,6 +443,11 @@ async def test_a_malformed_ring_leaves_the_doorbell_ringing(
     acquiring = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
     await until(lambda: queued(aredis, waiter.keys, "w"), "w is queued")
     channel, ring = await forged_ring(aredis, waiter.keys, "w", 999)
+
+    async def watched() -> bool:
+        return bool((await aredis.pubsub_numsub(channel))[0][1])
+
+    await until(watched, "the waiter's process watches its doorbell")
     assert await aredis.publish(channel, ring.rsplit(" ", 1)[0] + " " + proof) == 1
     # A ring published after it on the same channel is read after it: once the
     # waiter was woken by this one, the malformed one has been handled.
