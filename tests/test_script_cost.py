@@ -58,9 +58,9 @@ async def test_an_uncontended_acquire_and_release_run_few_commands_in_redis(
     finally:
         await client.aclose()
         sync_client.close()
-    # 46 (acquire 29, release 17); 54 when the scripts re-read the floor, the
+    # 47 (acquire 29, release 18); 54 when the scripts re-read the floor, the
     # lease and the counters they had just read or written.
-    assert per_cycle <= 46, per_cycle
+    assert per_cycle <= 47, per_cycle
 
 
 async def test_a_hand_off_to_another_waiter_runs_few_commands_in_redis(
@@ -89,6 +89,6 @@ async def test_a_hand_off_to_another_waiter_runs_few_commands_in_redis(
         sync_client.close()
     # Per cycle: acquire (granted), acquire (queued), release with the
     # hand-off and its ring, the waiter's catch-up poll and release, and the
-    # waiter's doorbell connection (HELLO, SUBSCRIBE). About 110; 128.6 when
+    # waiter's doorbell connection (HELLO, SUBSCRIBE). About 112; 128.6 when
     # the scripts re-read what they had just read or written.
     assert per_cycle <= 114, per_cycle

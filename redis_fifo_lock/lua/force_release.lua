@@ -25,6 +25,6 @@ if not held[1] or (fence ~= 0 and tonumber(held[2]) ~= fence) then
 end
 -- Recorded as lost (not released): the holder did not give it up.
 end_grant(held[3] or '-', ENDED_LOST, now)
-grant_next(now, now_us, doorbell, false, false, true)
+grant_next(now, now_us, doorbell, false, false)
 touch(keep_ms)
 return {1, tonumber(held[2]), held[4] or ''}

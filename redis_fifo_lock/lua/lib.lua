@@ -227,8 +227,12 @@ end
 -- lease_ms, or less when the waiter's liveness runs out sooner, so a grant to a
 -- waiter that died a moment ago stalls the lock no longer than its liveness; the
 -- waiter re-arms it to lease_ms when it claims the grant.
--- `lease_gone`: the running script knows that no lease exists (it read or
--- ended it), so it is not looked up again.
+-- `lease_gone`: the running script read the lease and found none, so it is
+-- not looked up again. A script that ended the grant itself must still look:
+-- during a Redis Cluster slot move, an access to a key missing from the node
+-- fails the script, and that look at the deleted lease is what stops it before
+-- it takes the next waiter out of the queue (the hand-off then happens when the
+-- release is retried).
 -- Rings the doorbell of the waiter's own session, channel "<doorbell>:<session>",
 -- with "<body> <proof>", body "<token> <fence> <ticket> <pttl_ms> <call> <queued>"
 -- (queued: requests still queued behind the grant) and proof the SHA-1 of

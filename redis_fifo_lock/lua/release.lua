@@ -40,7 +40,7 @@ else
         result = 0
     end
 end
-local granted = grant_next(now, now_us, doorbell, false, session, result == 1)
+local granted = grant_next(now, now_us, doorbell, false, session)
 touch(keep_ms)
 if granted and granted[6] == session then
     return {result, granted[1], granted[2], granted[3], granted[4], granted[5],

@@ -58,6 +58,6 @@ elseif held[1] == token and is_this(held[3], tonumber(held[2]), held[4]) then
 elseif ticket == 0 and not ended(call) then
     finish(call, ENDED_WITHDRAWN, now)
 end
-grant_next(now, now_us, doorbell, false, false, result == 2)
+grant_next(now, now_us, doorbell, false, false)
 touch(keep_ms)
 return result

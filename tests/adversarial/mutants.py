@@ -496,12 +496,12 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "release-trusts-lease-gone",
-            "release hands the lock on without looking at the lease when it did not "
-            "end a grant itself (a re-sent release, or one of a lost lease)",
+            "release hands the lock on without looking at the lease: a re-sent "
+            "release, or one of a lost lease, grants over a live holder",
             lua=(
                 Substitution(
                     ("release",),
-                    "grant_next(now, now_us, doorbell, false, session, result == 1)",
+                    "grant_next(now, now_us, doorbell, false, session)",
                     "grant_next(now, now_us, doorbell, false, session, true) -- MUTANT",
                 ),
             ),

@@ -114,7 +114,10 @@ async def test_the_doorbell_subscribes_again_after_its_master_fails_over(
     index = next(i for i, node in enumerate(replicated_cluster.nodes) if node.port == owner.port)
     master, replica = replicated_cluster.nodes[index], replicated_cluster.replicas[index]
     pattern = f"{waiter_lock.keys.doorbell}:*"
-    assert len(subscribers([master], pattern)) == 1, slot
+    await until(
+        lambda: asyncio.to_thread(lambda: len(subscribers([master], pattern)) == 1),
+        f"the doorbell is subscribed on the master of slot {slot}",
+    )
     await until(lambda: asyncio.to_thread(in_sync, master, replica), "the replica has the queue")
 
     replicated_cluster.kill(master)
@@ -162,7 +165,13 @@ async def test_the_doorbell_subscribes_again_when_its_connection_is_killed(
         waiting = asyncio.create_task(waiter_lock.acquire())
         await until(lambda: _waiting(holder_lock, 1), "the waiter is queued")
         nodes = list(redis_cluster.nodes)
-        assert len(subscribers(nodes, f"{waiter_lock.keys.doorbell}:*")) == 1
+        # Queued before its doorbell is subscribed: the subscription follows.
+        await until(
+            lambda: asyncio.to_thread(
+                lambda: len(subscribers(nodes, f"{waiter_lock.keys.doorbell}:*")) == 1
+            ),
+            "the waiter's doorbell is subscribed",
+        )
         killed = pubsub_clients(nodes)
         for node in nodes:
             with Redis(host=node.host, port=node.port) as client:
