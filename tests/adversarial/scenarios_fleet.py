@@ -138,7 +138,9 @@ async def _victim(fleet: Fleet, target: str, rng: random.Random) -> Any:
     return fleet.by_pid(rng.choice(pids))
 
 
-FROZEN_HOLD_LEASES = 8.0
+FROZEN_HOLD_LEASES = 20.0
+"""The frozen holder's planned hold: long enough that starting three more
+processes (seconds on a loaded CI machine) cannot outlast it."""
 
 
 @scenario(
@@ -173,6 +175,12 @@ async def sigstop_holder(ctx: Context) -> Outcome:
             await asyncio.sleep(across_end_s)  # a moment of the plan, not a synchronisation
         else:
             await asyncio.sleep(rng.uniform(0.0, 0.3))
+        if not any(inside.pid == holder.pid for inside in fleet.inside("a")):
+            problems.append(
+                "the holder left before it could be frozen: the setup outlasted its "
+                f"{FROZEN_HOLD_LEASES:g}-lease hold (a scenario fault, not the lock's)"
+            )
+            return outcome(ctx, "sigstop-holder", problems)
         await fleet.freeze(holder, 2.5 * LEASE_MS)
         resumed = time.monotonic_ns()
         await fleet.finish(45)
