@@ -59,13 +59,17 @@ class CallIds:
             weakref.WeakKeyDictionary()
         )
 
-    def new(self) -> str:
-        """A new call id. Enter ``in_flight`` for it before the next await, so
-        that no floor passes it before it is sent."""
+    def start(self, keys: LockKeys) -> str:
+        """A new call id for a call on ``keys``, in flight from now on: ``leave``
+        it once the call got its answer, or failed. Issued and entered in one
+        step under the guard, so that no floor read meanwhile, on any thread,
+        passes it before it is sent (Redis would refuse it as a late copy)."""
         with self._guard:
             seq = self._next
             self._next += 1
-        return f"{self.process}/{seq:0{SEQ_DIGITS}x}"
+            call = f"{self.process}/{seq:0{SEQ_DIGITS}x}"
+            self.enter(keys, call)
+        return call
 
     def enter(self, keys: LockKeys, call: str) -> None:
         """A call for the request made by ``call`` is in flight (or will be sent)."""

@@ -404,11 +404,13 @@ class FifoLock:
 
         # A new call each time the request joins the queue, so that a late copy
         # of the call that lost its place cannot bring it back later.
-        waiter.call = call_ids().new()
+        waiter.call = call_ids().start(self.keys)
         waiter.sending()  # the grant, if this call makes one, is younger than this
         try:
-            with call_ids().in_flight(self.keys, waiter.call):
+            try:
                 grant, ticket, holder_fence = await _within(send(), deadline)
+            finally:
+                call_ids().leave(self.keys, waiter.call)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
             await self._give_up(hub, group, waiter)

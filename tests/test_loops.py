@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import async_to_sync
 
@@ -67,3 +70,35 @@ def test_the_sync_facade_keeps_only_the_portal_loops_context(redis_url: str) -> 
     assert other_loops() == []
     assert portal().loop in contexts()
     assert len(contexts()[portal().loop].renewals) == 0
+
+
+def test_acquires_on_many_threads_at_once_are_never_taken_for_late_copies(redis_url: str) -> None:
+    """Every thread's event loop shares the process's call ids. A call id issued
+    on one thread must count as in flight before another thread reads the
+    floor: a floor past it would make Redis refuse its acquire as a late copy
+    (CI saw an async Django view get LockUsageError that way)."""
+    threads, rounds = 6, 40
+    lock = FifoLock(LoopClients(redis_url), "threads-floor", **SETTINGS)
+    inside: list[int] = []
+    most: list[int] = [0]
+    guard = threading.Lock()
+
+    async def contend() -> None:
+        for _ in range(rounds):
+            async with lock.hold(timeout=30):
+                with guard:
+                    inside.append(1)
+                    most[0] = max(most[0], len(inside))
+                await asyncio.sleep(0)
+                with guard:
+                    inside.pop()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two steps
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            for done in [pool.submit(asyncio.run, contend()) for _ in range(threads)]:
+                done.result()
+    finally:
+        sys.setswitchinterval(interval)
+    assert most[0] == 1

@@ -180,8 +180,7 @@ async def test_a_ring_for_a_request_nobody_waits_for_is_given_back_and_counted(
         # live waiter of that process.
         hub = hub_for(other)
         session = hub.session_for(rival.settings)
-        call = call_ids().new()
-        call_ids().enter(rival.keys, call)  # as a withdrawal not yet sent would be
+        call = call_ids().start(rival.keys)  # in flight, as a withdrawal not yet sent
         floor = call_ids().floor(rival.keys)
         await PROTOCOL.acquire(
             other, rival.keys, "ghost", session, rival.settings, call=call, floor=floor
