@@ -155,8 +155,13 @@ class Doorbell:
             self._unanswered.clear()
         await _stop(reader, pubsub)
 
+    @property
+    def active(self) -> bool:
+        """Whether the doorbell holds a subscription (and so a connection and a reader)."""
+        return self._pubsub is not None
+
     async def aclose(self) -> None:
-        """Drop every subscription and the connection."""
+        """Drop every subscription and the connection, and stop the reader."""
         async with self._change:
             self._handlers.clear()
             self._confirmed.clear()

@@ -51,17 +51,23 @@ class LoopContext:
     def owns_anything(self) -> bool:
         """Whether ``aclose()`` has anything to do (clients to close, renewals to
         hand over)."""
-        return bool(self.clients) or len(self.renewals) > 0
+        return (
+            bool(self.clients)
+            or len(self.renewals) > 0
+            or any(hub.busy for hub in list(self.hubs.values()))
+        )
 
     async def aclose(self) -> None:
-        """Hand the renewals over to the portal loop, then close the clients (and
-        the Sentinel connections they were found through). Never raises: what
-        fails to close is left to garbage collection."""
+        """Hand the renewals over to the portal loop, stop the hubs' own tasks
+        (doorbell readers, withdrawers: ``Hub.aclose``), then close the clients
+        (and the Sentinel connections they were found through). Never raises:
+        what fails to close is left to garbage collection."""
         renewals, self.renewals = list(self.renewals), weakref.WeakSet()
         await asyncio.gather(*(renewal.hand_over() for renewal in renewals), return_exceptions=True)
+        hubs, self.hubs = list(self.hubs.values()), weakref.WeakKeyDictionary()
+        await asyncio.gather(*(hub.aclose() for hub in hubs), return_exceptions=True)
         clients, self.clients = list(self.clients.values()), {}
         await asyncio.gather(*(close_client(client) for client in clients), return_exceptions=True)
-        self.hubs = weakref.WeakKeyDictionary()
 
 
 async def close_client(client: AsyncClient) -> None:

@@ -77,6 +77,11 @@ RETRY_AFTER_ERROR_S = 0.5
 WITHDRAW_TRY_S = 5.0
 """Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
 
+CLOSING_WITHDRAW_S = 1.0
+"""Longest wait, in seconds, that a closing event loop gives the withdrawals
+still pending on it (see ``Hub.aclose``); a request not withdrawn by then
+leaves the queue when its process's liveness runs out."""
+
 MAX_WITHDRAWALS = 10_000
 """Most withdrawals one hub keeps pending (while Redis does not answer); beyond
 that the oldest is dropped with a warning, and its request is skipped once this
@@ -567,6 +572,33 @@ class Hub:
             metrics.gave_back(group.keys)
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
+
+    @property
+    def busy(self) -> bool:
+        """Whether the hub has anything for ``aclose`` to stop: a doorbell
+        subscription, or withdrawals pending."""
+        return self.doorbell.active or bool(self._withdrawals)
+
+    async def aclose(self) -> None:
+        """Stop what the hub runs on its own, for its event loop's close: the
+        pending withdrawals get up to ``CLOSING_WITHDRAW_S`` to reach Redis, then
+        the withdrawer and the doorbell (its reader and subscription) stop.
+
+        A loop's shutdown (``asyncio.run``, ``async_to_sync``) cancels the tasks
+        it finds, but a task it cancels can start another on its way out (a
+        withdrawal, a doorbell subscription that was being confirmed); left
+        running, that task is destroyed pending when the loop closes. Never
+        raises."""
+        withdrawer = self._withdrawer
+        if withdrawer is not None and not withdrawer.done():
+            await asyncio.wait({withdrawer}, timeout=CLOSING_WITHDRAW_S)
+            withdrawer.cancel()
+            await asyncio.gather(withdrawer, return_exceptions=True)
+        for withdrawal in self._withdrawals.values():
+            call_ids().leave(withdrawal.group.keys, withdrawal.call)
+            withdrawal.done.cancel()
+        self._withdrawals.clear()
+        await self.doorbell.aclose()
 
     async def run(self, lane: asyncio.Semaphore, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
         """Take a slot of ``lane`` (``calls`` or ``urgent``), then run

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from asgiref.sync import async_to_sync
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, Lease, LoopClients, SyncFifoLock
+from redis_fifo_lock.calls import call_ids
 from redis_fifo_lock.loops import contexts
 from redis_fifo_lock.portal import is_portal_loop, portal
+from redis_fifo_lock.protocol import AsyncClient
+from redis_fifo_lock.waiting import hub_for
 
 SETTINGS = {"lease_ms": 600, "poll_ms": 100}
 
@@ -70,6 +78,59 @@ def test_the_sync_facade_keeps_only_the_portal_loops_context(redis_url: str) -> 
     assert other_loops() == []
     assert portal().loop in contexts()
     assert len(contexts()[portal().loop].renewals) == 0
+
+
+LATE_STARTS = ["doorbell", "withdrawal"]
+"""What a task cancelled by a loop's shutdown starts on its way out: a doorbell
+subscription (CI saw one being confirmed as the cancellation came) or a
+withdrawal (a ring for a request nobody waits for any more)."""
+
+
+@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")  # the own client, left open
+@pytest.mark.parametrize("late", LATE_STARTS)
+@pytest.mark.parametrize("whose", ["LoopClients", "own client"])
+def test_what_a_cancelled_task_starts_at_shutdown_ends_with_the_loop(
+    redis_url: str, redis: Redis, whose: str, late: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``asyncio.run`` (and ``async_to_sync``) cancel the tasks they find before
+    closing the loop, but a task they cancel can start another on its way out.
+    That task must end with the loop, not be destroyed pending; a subscription
+    on a client the caller keeps must not stay subscribed."""
+    clients = LoopClients(redis_url)
+    lock = FifoLock(clients, f"late-{late}-{whose}", **SETTINGS)
+    channel = lock.keys.doorbell_of("late")
+    kept: list[AsyncClient] = []
+    started: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        client = clients.client() if whose == "LoopClients" else AsyncRedis.from_url(redis_url)
+        kept.append(client)
+        hub = hub_for(client)
+
+        async def starts_when_cancelled() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                if late == "doorbell":
+                    await hub.doorbell.watch(channel, lambda token, grant: None)
+                else:
+                    group = hub.group(lock.keys, lock.settings, lock._protocol)
+                    call = call_ids().start(lock.keys)
+                    hub.withdraw(group, "nobody-waits", 0, call)
+                    call_ids().leave(lock.keys, call)
+
+        started.append(asyncio.create_task(starts_when_cancelled()))
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+        assert redis.pubsub_numsub(channel) == [(channel.encode(), 0)]
+    assert [r.getMessage() for r in caplog.records if "destroyed" in r.getMessage()] == []
+    assert other_loops() == []
+    kept.clear()
+    gc.collect()  # the own client's connections, with its loop gone
+
 
 
 def test_acquires_on_many_threads_at_once_are_never_taken_for_late_copies(redis_url: str) -> None:
