@@ -30,8 +30,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+import redis_fifo_lock.calls as calls_module
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
+from redis_fifo_lock.calls import SEQ_DIGITS, CallIds
 from redis_fifo_lock.doorbell import Doorbell, _text
 from redis_fifo_lock.protocol import (
     GAVE_BACK,
@@ -381,6 +383,32 @@ class SplitGrantProtocol(Protocol):
 # --- the catalogue ---------------------------------------------------------------------
 
 
+class LateEnteringCallIds(CallIds):
+    """MUTANT call-id-entered-late: a call id is issued, and counted in flight
+    only in a second step; another thread of the process that reads the lock's
+    floor in between sends a floor past it, and Redis refuses the call as a
+    late copy."""
+
+    def start(self, keys: LockKeys) -> str:
+        with self._guard:
+            seq = self._next
+            self._next += 1
+        call = f"{self.process}/{seq:0{SEQ_DIGITS}x}"
+        time.sleep(0)  # the mutation: other threads run before the call is entered
+        self.enter(keys, call)
+        return call
+
+
+class LoopBoundHub(Hub):
+    """MUTANT hub-outlives-loop: a closing event loop leaves its hubs' own tasks
+    running: a doorbell subscription (or withdrawal) started by a task that the
+    loop's shutdown cancelled is destroyed pending, and stays subscribed on a
+    client the caller keeps."""
+
+    async def aclose(self) -> None:
+        return  # the mutation: nothing is stopped
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -392,6 +420,8 @@ class Mutant:
     protocol_class: type[Protocol] = Protocol
     group_class: type[WaitGroup] | None = None
     doorbell_class: type[Doorbell] | None = None
+    hub_class: type[Hub] | None = None
+    call_ids_class: type[CallIds] | None = None
     requires: tuple[tuple[object, str], ...] = field(default=())
 
     def check(self) -> None:
@@ -420,18 +450,26 @@ class Mutant:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """Swap in this variant's ``WaitGroup`` and ``Doorbell`` (if any) while the
-        block runs."""
-        swaps = {"WaitGroup": self.group_class, "Doorbell": self.doorbell_class}
+        """Swap in this variant's ``WaitGroup``, ``Doorbell`` and ``Hub`` classes
+        and its process-wide ``CallIds`` (if any) while the block runs."""
+        swaps = {
+            "WaitGroup": self.group_class,
+            "Doorbell": self.doorbell_class,
+            "Hub": self.hub_class,
+        }
         originals = {name: getattr(waiting_module, name) for name in swaps}
         for name, replacement in swaps.items():
             if replacement is not None:
                 setattr(waiting_module, name, replacement)
+        call_ids = calls_module._call_ids
+        if self.call_ids_class is not None:
+            calls_module._call_ids = self.call_ids_class()
         try:
             yield
         finally:
             for name, original in originals.items():
                 setattr(waiting_module, name, original)
+            calls_module._call_ids = call_ids
 
 
 def _all(old: str, new: str) -> Substitution:
@@ -633,6 +671,20 @@ MUTANTS: dict[str, Mutant] = {
                 (FifoLock._acquire, "await self._claim("),
                 (WaitGroup.ring, "waiter.hint()"),
             ),
+        ),
+        Mutant(
+            "call-id-entered-late",
+            "a call id is issued, then counted in flight in a second step: a floor "
+            "read on another thread in between passes it",
+            call_ids_class=LateEnteringCallIds,
+            requires=((CallIds.start, "self.enter(keys, call)"),),
+        ),
+        Mutant(
+            "hub-outlives-loop",
+            "a closing event loop leaves its hubs' doorbell readers, subscriptions "
+            "and withdrawers running",
+            hub_class=LoopBoundHub,
+            requires=((Hub.aclose, "await self.doorbell.aclose()"),),
         ),
         Mutant(
             "ring-proof-unchecked",

@@ -5,8 +5,8 @@ returns an ``Outcome``; it never asserts: the real-lock tests assert that an
 outcome is clean, the mutant tests that it is not. The scenarios live by
 concern - ``scenarios_fleet.py`` (real contender processes),
 ``scenarios_stages.py``, ``scenarios_connections.py``, ``scenarios_keys.py``,
-``scenarios_input.py`` and ``scenarios_protocol.py`` (an in-process ``Arena``,
-``arena.py``), and issue 11's fault kinds in ``late_faults.py`` - and register
+``scenarios_input.py``, ``scenarios_protocol.py`` and ``scenarios_loops.py`` (an
+in-process ``Arena``, ``arena.py``), and issue 11's fault kinds in ``late_faults.py`` - and register
 themselves in ``registry.SCENARIOS`` when imported here, in this order. This
 module says which of them the real lock must pass, and how.
 """
@@ -20,6 +20,7 @@ from tests.adversarial import (  # noqa: F401
     scenarios_fleet,
     scenarios_input,
     scenarios_keys,
+    scenarios_loops,
     scenarios_protocol,
     scenarios_stages,
 )

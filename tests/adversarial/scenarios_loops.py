@@ -1,0 +1,158 @@
+"""Many event loops in one process: threads that each run their own loop (as
+``async_to_sync`` and threaded servers make), and loops that shut down while the
+lock still has work on them (``asyncio.run`` returning with a waiter queued)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+from redis.asyncio import Redis
+
+from redis_fifo_lock import LoopClients
+from redis_fifo_lock.waiting import hub_for
+from tests.adversarial.actors import Actor, Plan
+from tests.adversarial.arena import Arena
+from tests.adversarial.registry import POLL_MS, Context, Outcome, outcome, scenario
+from tests.support.polling import until
+from tests.support.record import read_lines
+
+THREADS, ROUNDS = 6, 80
+"""Threads of the threaded-loops scenario, and requests each makes in turn."""
+
+SWITCH_S = 1e-5
+"""The interpreter's thread switch interval during the threaded-loops scenario
+(5 ms by default): threads interleave between almost any two steps."""
+
+
+@contextmanager
+def switching_threads_often() -> Iterator[None]:
+    """Make the interpreter switch threads every ``SWITCH_S`` while the block runs."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
+@scenario(
+    "threaded-loops",
+    kills=("call-id-entered-late",),
+    faults="six threads of one process, each with an event loop of its own, contend "
+    "for one lock while the interpreter switches threads every 10 us",
+)
+async def threaded_loops(ctx: Context) -> Outcome:
+    """The process's call ids are shared by every loop: each acquire is served,
+    one holder at a time, in queue order, and none is refused as a late copy of
+    itself (a floor sent by another thread must never pass a call not yet sent)."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "threads")
+    clients = LoopClients(server.url)
+
+    def contender(n: int) -> None:
+        async def requests() -> None:
+            lock, actor = arena.lock(clients), Actor(arena.record, f"t{n}")  # type: ignore[arg-type]
+            for r in range(ROUNDS):
+                await actor.attempt(lock, f"t{n}.{r}", Plan(0.0, timeout_s=30))
+
+        asyncio.run(requests())
+
+    loop = asyncio.get_running_loop()
+    try:
+        with switching_threads_often(), ThreadPoolExecutor(THREADS) as pool:
+            runs = [loop.run_in_executor(pool, contender, n) for n in range(THREADS)]
+            await asyncio.gather(*runs)
+    finally:
+        await arena.close()
+    refused = [
+        f"request {line.fields[0]} ended without the lock: {line.fields[1]}"
+        for line in read_lines(arena.record.path)
+        if line.kind == "gaveup"
+    ]
+    return outcome(ctx, "threaded-loops", refused)
+
+
+class _DestroyedTasks(logging.Handler):
+    """Collects asyncio's reports of tasks destroyed while pending."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.reports: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "was destroyed but it is pending" in message:
+            self.reports.append(message.splitlines()[-1][:200])
+
+
+@scenario(
+    "loop-shutdown",
+    kills=("hub-outlives-loop",),
+    faults="asyncio.run returns while its loop has a waiter queued and a task that, "
+    "cancelled by the shutdown, subscribes the doorbell on its way out",
+)
+async def loop_shutdown(ctx: Context) -> Outcome:
+    """What a loop's shutdown cancels ends with the loop: no task of the lock is
+    destroyed pending, no doorbell stays subscribed on a client the caller keeps
+    open, and the waiter cancelled by the shutdown leaves the queue, so the next
+    one is served at once when the holder leaves."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "shutdown")
+    problems: list[str] = []
+    destroyed = _DestroyedTasks()
+    logging.getLogger("asyncio").addHandler(destroyed)
+    channel = arena.keys.doorbell_of("shutdown")
+    kept: list[Redis] = []
+    started: list[asyncio.Task[object]] = []
+
+    def short_lived_loop() -> None:
+        async def main() -> None:
+            client = Redis.from_url(server.url)  # the caller's: it outlives the loop
+            kept.append(client)
+            lock, actor = arena.lock(client), Actor(arena.record, "doomed")
+            hub = hub_for(client)
+
+            async def subscribes_when_cancelled() -> None:
+                # As CI saw: a doorbell watch confirmed as the shutdown's
+                # cancellation came goes on to start the reader.
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    await hub.doorbell.watch(channel, lambda token, grant: None)
+
+            started.append(asyncio.create_task(subscribes_when_cancelled()))
+            started.append(
+                asyncio.create_task(actor.attempt(lock, "doomed-0", Plan(0.0, timeout_s=30)))
+            )
+            await until(lambda: arena.queued("doomed-0"), "the doomed waiter queued")
+
+        asyncio.run(main())
+        arena.record.gave_up("doomed-0", "cancelled by its loop's shutdown")
+        started.clear()
+        gc.collect()  # a task left pending is reported as it is destroyed
+
+    try:
+        _, holder_actor, holder_lease = holder = await arena.enter("holder")
+        await asyncio.get_running_loop().run_in_executor(None, short_lived_loop)
+        subscribed = dict(await arena.admin.pubsub_numsub(channel)).get(channel.encode(), 0)
+        if subscribed:
+            problems.append(f"a doorbell subscription outlived its loop ({subscribed} left)")
+        if await arena.in_queue("doomed-0"):
+            problems.append("the waiter cancelled by its loop's shutdown is still queued")
+        task, token = arena.waiter("next", Plan(0.0, timeout_s=10))
+        await arena.until(lambda: arena.queued(token), "the next waiter queued")
+        await arena.leave(holder[0], holder_actor, holder_lease)
+        problems += await arena.served(task, token, 10 * POLL_MS / 1000)
+    finally:
+        logging.getLogger("asyncio").removeHandler(destroyed)
+        await arena.close()
+        kept.clear()  # its loop is gone: its connections go with the garbage
+        gc.collect()
+    problems += [f"destroyed pending at the loop's close: {r}" for r in destroyed.reports]
+    return outcome(ctx, "loop-shutdown", problems)
