@@ -54,3 +54,31 @@ def test_the_sync_facade_forces_a_release_too(redis_url: str) -> None:
     assert not lock.status().held
     with pytest.raises(LeaseLost):
         lock.release(lease)
+
+
+async def test_the_evicted_holder_learns_it_even_when_its_process_queued_more_meanwhile(
+    aredis: Redis,
+) -> None:
+    """A later request of the same process queued while the evicted one waited: its
+    acquire carried a floor past the waiting request (not held then, nor in flight).
+    That floor must not make Redis forget, at the evicted holder's release, that
+    its lease was taken: the release raises LeaseLost, not "already released"."""
+    lock = FifoLock(aredis, "jobs", lease_ms=10_000, poll_ms=5_000)
+    holder = await lock.acquire(timeout=5)
+
+    async def waiting(n: int) -> bool:
+        return (await lock.status()).waiting == n
+
+    first = asyncio.create_task(lock.acquire(timeout=10))
+    await until(lambda: waiting(1), "the first waiter is queued")
+    second = asyncio.create_task(lock.acquire(timeout=10))
+    await until(lambda: waiting(2), "the second waiter is queued")
+    await lock.release(holder)
+    evicted = await asyncio.wait_for(first, 5)
+    assert await FifoLock(aredis, "jobs").force_release() == evicted.fence
+    nxt = await asyncio.wait_for(second, 5)
+
+    with pytest.raises(LeaseLost):
+        await lock.release(evicted)
+    assert (await lock.status()).holder_fence == nxt.fence
+    await lock.release(nxt)

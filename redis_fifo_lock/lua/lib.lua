@@ -138,6 +138,10 @@ end
 -- been answered: their records go, and the floor is kept (it never goes
 -- down: a late copy carries an older one). The records of held requests stay
 -- (a late release of one must still learn how it ended).
+-- A floor below the kept one leaves the kept one in place, but only its own
+-- message's word removes records: the kept floor's message may have passed a
+-- request that was queued then, and was granted and lost since; re-applying
+-- it would drop that loss before the holder's release could learn of it.
 local function advance(floor_id, now, keep_ms)
     local session, floor, held = string.match(floor_id, '^([^/%s]+)/(%x+)(.*)$')
     if not session then
@@ -145,9 +149,10 @@ local function advance(floor_id, now, keep_ms)
     end
     local old = floor_of(session)
     if old and old[1] > floor then
-        floor, held = old[1], old[3]
+        set_floor(session, old[1], now, old[3], old[5])
+    else
+        set_floor(session, floor, now, held, old and old[5])
     end
-    set_floor(session, floor, now, held, old and old[5])
     if not old then
         forget_silent(now, keep_ms)
     end
