@@ -634,6 +634,18 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "stale-floor-reapplied",
+            "a floor below the kept one re-applies the kept one's removals: records "
+            "written since (a request it saw queued, granted and lost after) go",
+            lua=(
+                _all(
+                    "        set_floor(session, old[1], now, old[3], old[5])\n",
+                    "        set_floor(session, old[1], now, old[3], old[5])\n"
+                    "        floor, held = old[1], old[3] -- MUTANT stale-floor-reapplied\n",
+                ),
+            ),
+        ),
+        Mutant(
             "floor-ignored",
             "records below a session's floor are dropped, but a late copy of a call "
             "below the floor is not refused: it queues an ended request again",

@@ -56,6 +56,7 @@ IN_PROCESS = (
     "connection-killed",
     "late-and-repeated-releases",
     "lease-evicted",
+    "evicted-after-waiting",
     "keys-missing",
     "max-hold",
     "bad-input",

@@ -220,3 +220,43 @@ async def max_hold(ctx: Context) -> Outcome:
     finally:
         await arena.close()
     return outcome(ctx, "max-hold", problems)
+
+
+@scenario(
+    "evicted-after-waiting",
+    kills=("stale-floor-reapplied",),
+    faults="force_release of a holder that had waited in the queue while a later "
+    "request of its process queued behind it; its release comes after the eviction",
+)
+async def evicted_after_waiting(ctx: Context) -> Outcome:
+    """The later request's acquire carried its process's floor, which passed the
+    waiting request (neither held nor in flight then). The waiter is granted, an
+    operator evicts it, and its release - sent once its work is done, after the
+    eviction - must still learn that the lease was taken (LeaseLost), not be
+    told "already released"; the later request gets the lock."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "evicted-waiter")
+    problems: list[str] = []
+    try:
+        lock_h, actor_h, lease_h = await arena.enter("h")
+        lock_w, actor_w = arena.contender("w")
+        token_w = f"w-{ctx.rng.getrandbits(20):05x}"
+        waiting = asyncio.create_task(actor_w.acquire(lock_w, token_w, Plan(0, timeout_s=10)))
+        await arena.until(lambda: arena.queued(token_w), "w is queued")
+        later, token_x = arena.waiter("x", Plan(0.01, timeout_s=10))
+        await arena.until(lambda: arena.queued(token_x), "x is queued behind w")
+        await arena.leave(lock_h, actor_h, lease_h)
+        lease_w = await waiting
+        if lease_w is None:
+            return outcome(ctx, "evicted-after-waiting", ["w was not granted after h left"])
+        actor_w.record.exit(lease_w)  # its work is done; its release is on its way
+        arena.faults.fault("evict", "lease")
+        await arena.lock(arena.admin).force_release(fence=lease_w.fence)
+        released = await actor_w.release(lock_w, lease_w, Plan(0))
+        if released != "leaselost":
+            problems.append(f"the evicted holder's release gave {released!r}, expected LeaseLost")
+        problems += await arena.served(later, token_x, 5.0)
+        problems += await arena.consistent()
+    finally:
+        await arena.close()
+    return outcome(ctx, "evicted-after-waiting", problems)
