@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import re
 import threading
 from collections import deque
@@ -68,6 +69,16 @@ _warned_no_pubsub: set[type] = set()
 _refusals_reported: set[tuple[object, str]] = set()
 """(server, what to add) pairs already reported at WARNING, in this process."""
 _refusals_guard = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held the guard at the moment of the fork,
+    # and that thread does not exist here to release it.
+    global _refusals_guard
+    _refusals_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Doorbell:

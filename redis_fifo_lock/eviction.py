@@ -65,6 +65,16 @@ _by_client: weakref.WeakKeyDictionary[AsyncClient, _Server] = weakref.WeakKeyDic
 """State of clients without one server address (Redis Cluster): per client."""
 
 
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held the guard at the moment of the fork,
+    # and that thread does not exist here to release it.
+    global _guard
+    _guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 async def check_eviction_policy(
     client: AsyncClient, name: str, ask: Callable[[], Awaitable[set[str]]] | None = None
 ) -> None:

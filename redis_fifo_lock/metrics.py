@@ -38,6 +38,7 @@ see ``lock_labels``) and ``fifolock.integration`` (``core``, ``django`` or
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -233,6 +234,17 @@ def _get() -> _Instruments | None:
 _known: OrderedDict[LockKeys, Labels] = OrderedDict()
 """Labels by lock keys, most recently used last: see ``MAX_KNOWN_NAMES``."""
 _known_lock = threading.Lock()  # locks run on several event loops, in several threads
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held a guard at the moment of the fork,
+    # and that thread does not exist here to release it.
+    global _instruments_lock, _known_lock
+    _instruments_lock = threading.Lock()
+    _known_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _remember(keys: LockKeys, labels: Labels) -> None:
