@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import redis
@@ -279,17 +280,25 @@ class FifoLock:
         ``fifolock_release_error`` attribute (and as a note on Python 3.11+).
         """
         lease = await self.acquire(timeout, token=token)
-        # Shielded: a second cancellation must not leave the lease to expire.
         try:
             with metrics.current(lease):
                 yield lease
         except BaseException as error:
             try:
-                await asyncio.shield(release_retrying(self, lease))
+                await asyncio.shield(self._release_owed(lease))
             except Exception as failure:
                 attach_release_error(error, failure, self.name)
             raise
-        await asyncio.shield(release_retrying(self, lease))
+        await asyncio.shield(self._release_owed(lease))
+
+    def _release_owed(self, lease: Lease) -> asyncio.Task[None]:
+        """Release ``lease`` (``release_retrying``) as a duty of the running
+        loop's hub, to be shielded: a second cancellation must not leave the
+        lease to expire, nor the loop's shutdown, which cancels the release's
+        task, possibly before it ran (see ``Hub.duty``)."""
+        return hub_for(self.client).duty(
+            ("release", self.keys, lease.token), partial(release_retrying, self, lease)
+        )
 
     async def acquire(self, timeout: float | None = None, *, token: str | None = None) -> Lease:
         """Wait for the lock, in arrival order, and return the ``Lease``.
@@ -499,12 +508,14 @@ class FifoLock:
         )
         return await self._enqueue(hub, group, waiter, started, deadline, requeue=True)
 
-    async def _give_up(self, hub: Hub, group: WaitGroup, waiter: Waiter) -> None:
+    def _give_up(self, hub: Hub, group: WaitGroup, waiter: Waiter) -> Awaitable[object]:
         """Withdraw the request (its ticket, or by token if its acquire's fate is
-        unknown), waiting for Redis's answer at most ``WITHDRAW_GRACE_S``; after
-        that the hub keeps trying in the background."""
+        unknown): the hub has the withdrawal from the moment this returns (a
+        cancellation of the awaitable, even before it ran, loses nothing; the
+        hub keeps trying in the background, and before its loop closes).
+        Awaiting the result waits for Redis's answer at most ``WITHDRAW_GRACE_S``."""
         done = hub.withdraw(group, waiter.token, waiter.ticket or 0, waiter.call)
-        await asyncio.wait({done}, timeout=WITHDRAW_GRACE_S)
+        return asyncio.wait({done}, timeout=WITHDRAW_GRACE_S)
 
     def _timed_out(self, group: WaitGroup, started: float, wait_s: float) -> LockTimeout:
         waited = asyncio.get_running_loop().time() - started

@@ -58,10 +58,17 @@ class LoopContext:
         )
 
     async def aclose(self) -> None:
-        """Hand the renewals over to the portal loop, stop the hubs' own tasks
-        (doorbell readers, withdrawers: ``Hub.aclose``), then close the clients
-        (and the Sentinel connections they were found through). Never raises:
-        what fails to close is left to garbage collection."""
+        """Do the releases and withdrawals the hubs still owe Redis
+        (``Hub.finish``), hand the renewals of the leases still held over to the
+        portal loop, stop the hubs' own tasks (doorbell readers, withdrawers:
+        ``Hub.aclose``), then close the clients (and the Sentinel connections
+        they were found through). Never raises: what fails to close is left to
+        garbage collection."""
+        # The context stays in use meanwhile: a release finishing here looks up
+        # its hub and client through it.
+        await asyncio.gather(
+            *(hub.finish() for hub in list(self.hubs.values())), return_exceptions=True
+        )
         renewals, self.renewals = list(self.renewals), weakref.WeakSet()
         await asyncio.gather(*(renewal.hand_over() for renewal in renewals), return_exceptions=True)
         hubs, self.hubs = list(self.hubs.values()), weakref.WeakKeyDictionary()
@@ -133,11 +140,14 @@ def _close_with(loop: asyncio.AbstractEventLoop) -> None:
         context = None
         if not loop.is_running() and not loop.is_closed():  # else close() refuses anyway
             with _guard:
-                context = _contexts.pop(loop, None)
+                context = _contexts.get(loop)
         try:
             if context is not None and context.pid == os.getpid() and context.owns_anything:
                 loop.run_until_complete(context.aclose())
         finally:
+            if context is not None:
+                with _guard:
+                    _contexts.pop(loop, None)
             original_close()
 
     with contextlib.suppress(AttributeError, TypeError):

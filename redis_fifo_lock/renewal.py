@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import weakref
@@ -109,7 +110,10 @@ class Renewal:
             self.lock.name,
             fence,
         )
-        self.loop.create_task(self.lock._release_dropped(self._hub, token, fence, call))
+        self._hub.duty(
+            ("dropped", self.lock.keys, token),
+            functools.partial(self.lock._release_dropped, self._hub, token, fence, call),
+        )
 
     def stop(self) -> asyncio.Task[None] | None:
         """Stop renewing, from a coroutine or callback on any loop: no renewal

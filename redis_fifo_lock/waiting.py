@@ -33,7 +33,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
@@ -77,10 +77,11 @@ RETRY_AFTER_ERROR_S = 0.5
 WITHDRAW_TRY_S = 5.0
 """Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
 
-CLOSING_WITHDRAW_S = 1.0
-"""Longest wait, in seconds, that a closing event loop gives the withdrawals
-still pending on it (see ``Hub.aclose``); a request not withdrawn by then
-leaves the queue when its process's liveness runs out."""
+CLOSING_S = 1.0
+"""Longest wait, in seconds, that a closing event loop gives the work the lock
+still owes Redis on it: releases and withdrawals (see ``Hub.finish``). A
+request not withdrawn by then leaves the queue when its process's liveness runs
+out; a lease not released, when ``lease_ms`` does."""
 
 MAX_WITHDRAWALS = 10_000
 """Most withdrawals one hub keeps pending (while Redis does not answer); beyond
@@ -385,6 +386,7 @@ class Hub:
         )
         self._withdrawals: dict[tuple[LockKeys, str, str], _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
+        self._duties: dict[object, tuple[Callable[[], Awaitable[object]], asyncio.Task[Any]]] = {}
 
     @property
     def client(self) -> AsyncClient:
@@ -573,27 +575,87 @@ class Hub:
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
 
+    def duty(self, key: object, work: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+        """Run ``work()`` in a task now, and keep it as a duty of this hub, named
+        ``key``, until it returns or raises anything but a cancellation.
+
+        For work owed to Redis whatever becomes of the caller (the release of a
+        ``hold()``, of a dropped lease): a loop's shutdown (``asyncio.run``,
+        ``async_to_sync``) cancels every task it finds, possibly before it ran
+        a step, and ``finish`` then runs the duty again before the loop closes.
+        """
+        task: asyncio.Task[T] = self.loop.create_task(self._perform(key, work))
+        self._duties[key] = (work, task)
+        return task
+
+    async def _perform(self, key: object, work: Callable[[], Awaitable[T]]) -> T:
+        try:
+            result = await work()
+        except asyncio.CancelledError:
+            raise  # still owed: see finish()
+        except BaseException:
+            self._forget_duty(key, work)
+            raise
+        self._forget_duty(key, work)
+        return result
+
+    def _forget_duty(self, key: object, work: Callable[[], Awaitable[object]]) -> None:
+        if key in self._duties and self._duties[key][0] is work:
+            del self._duties[key]
+
     @property
     def busy(self) -> bool:
-        """Whether the hub has anything for ``aclose`` to stop: a doorbell
-        subscription, or withdrawals pending."""
-        return self.doorbell.active or bool(self._withdrawals)
+        """Whether the hub has anything for ``finish`` or ``aclose`` to do: duties
+        or withdrawals owed, or a doorbell subscription."""
+        return bool(self._duties) or bool(self._withdrawals) or self.doorbell.active
+
+    async def finish(self) -> None:
+        """For the event loop's close: do the duties and withdrawals still owed
+        (their tasks cancelled by the loop's shutdown, or still running), for at
+        most ``CLOSING_S`` in all. Never raises."""
+        if self._client() is None:
+            return  # nothing reaches Redis any more: aclose drops what is owed
+        deadline = self.loop.time() + CLOSING_S
+        # Twice: for what was owed, then for duties that came meanwhile (a lease
+        # garbage-collected as the loop ends).
+        for _ in range(2):
+            running = self._owed()
+            left = deadline - self.loop.time()
+            if not running or left <= 0:
+                return
+            await asyncio.wait(running, timeout=left)
+            for task in running:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: its caller, if any, is gone
+
+    def _owed(self) -> list[asyncio.Task[Any]]:
+        """The tasks doing what is owed, started again where the loop's shutdown
+        cancelled them."""
+        running = []
+        for key, (work, task) in list(self._duties.items()):
+            running.append(self.duty(key, work) if task.done() else task)
+        if self._withdrawals:
+            if self._withdrawer is None or self._withdrawer.done():
+                self._withdrawer = self.loop.create_task(self._withdraw_pending())
+            running.append(self._withdrawer)
+        return running
 
     async def aclose(self) -> None:
-        """Stop what the hub runs on its own, for its event loop's close: the
-        pending withdrawals get up to ``CLOSING_WITHDRAW_S`` to reach Redis, then
+        """Stop what the hub runs on its own, for its event loop's close (after
+        ``finish``): duties and withdrawals not done by then are dropped, and
         the withdrawer and the doorbell (its reader and subscription) stop.
 
-        A loop's shutdown (``asyncio.run``, ``async_to_sync``) cancels the tasks
-        it finds, but a task it cancels can start another on its way out (a
-        withdrawal, a doorbell subscription that was being confirmed); left
-        running, that task is destroyed pending when the loop closes. Never
-        raises."""
-        withdrawer = self._withdrawer
-        if withdrawer is not None and not withdrawer.done():
-            await asyncio.wait({withdrawer}, timeout=CLOSING_WITHDRAW_S)
-            withdrawer.cancel()
-            await asyncio.gather(withdrawer, return_exceptions=True)
+        A loop's shutdown cancels the tasks it finds, but a task it cancels can
+        start another on its way out (a withdrawal, a doorbell subscription
+        that was being confirmed); left running, that task is destroyed pending
+        when the loop closes. Never raises."""
+        stopping = [task for _, task in self._duties.values()]
+        if self._withdrawer is not None:
+            stopping.append(self._withdrawer)
+        for task in stopping:
+            task.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+        self._duties.clear()
         for withdrawal in self._withdrawals.values():
             call_ids().leave(withdrawal.group.keys, withdrawal.call)
             withdrawal.done.cancel()

@@ -20,6 +20,7 @@ from redis_fifo_lock.loops import contexts
 from redis_fifo_lock.portal import is_portal_loop, portal
 from redis_fifo_lock.protocol import AsyncClient
 from redis_fifo_lock.waiting import hub_for
+from tests.support.polling import until
 
 SETTINGS = {"lease_ms": 600, "poll_ms": 100}
 
@@ -163,3 +164,53 @@ def test_acquires_on_many_threads_at_once_are_never_taken_for_late_copies(redis_
     finally:
         sys.setswitchinterval(interval)
     assert most[0] == 1
+
+
+OWED = ["withdraw", "release of hold()", "release of a dropped lease"]
+"""What the lock owes Redis when a loop's shutdown cancels its caller."""
+
+
+@pytest.mark.parametrize("owed", OWED)
+def test_what_the_lock_owes_redis_is_done_before_its_loop_closes(
+    redis_url: str, owed: str
+) -> None:
+    """A task cancelled just before ``asyncio.run`` returns is cancelled again
+    by the shutdown, which can cancel the withdrawal or release its
+    cancellation started before that ran a step; a lease dropped as the loop
+    ends has its release scheduled on that loop. Each is done before the loop
+    closes: the lock is not left held, nor the request queued, until leases
+    or liveness run out."""
+    lock = FifoLock(LoopClients(redis_url), f"owed-{owed}", lease_ms=30_000, poll_ms=10_000)
+    other = SyncFifoLock(redis_url, f"owed-{owed}", lease_ms=30_000, poll_ms=10_000)
+
+    async def queued() -> bool:
+        return (await lock.status()).waiting > 0
+
+    async def withdraw() -> None:
+        task = asyncio.create_task(lock.acquire(timeout=60))
+        await until(queued, "the request queued")
+        task.cancel()
+
+    async def release_of_hold() -> None:
+        inside = asyncio.Event()
+
+        async def holds() -> None:
+            async with lock.hold(timeout=5):
+                inside.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(holds())
+        await inside.wait()
+        task.cancel()
+
+    async def dropped() -> None:
+        await lock.acquire(timeout=5)  # and dropped as the loop ends
+
+    if owed == "withdraw":
+        with other.hold(timeout=5):
+            asyncio.run(withdraw())
+            assert other.status().waiting == 0
+    else:
+        asyncio.run(release_of_hold() if owed == "release of hold()" else dropped())
+        assert not other.status().held
+    assert other_loops() == []
