@@ -399,6 +399,16 @@ class LateEnteringCallIds(CallIds):
         return call
 
 
+class ForgetfulClosingHub(Hub):
+    """MUTANT owed-dropped-at-close: a closing event loop does not do what the
+    lock still owes Redis on it: the release of a hold() and the withdrawal of a
+    request whose tasks the loop's shutdown cancelled before they ran are
+    dropped, and the lock waits for leases and liveness to run out."""
+
+    async def finish(self) -> None:
+        return  # the mutation: nothing owed is done
+
+
 class LoopBoundHub(Hub):
     """MUTANT hub-outlives-loop: a closing event loop leaves its hubs' own tasks
     running: a doorbell subscription (or withdrawal) started by a task that the
@@ -697,6 +707,13 @@ MUTANTS: dict[str, Mutant] = {
             "and withdrawers running",
             hub_class=LoopBoundHub,
             requires=((Hub.aclose, "await self.doorbell.aclose()"),),
+        ),
+        Mutant(
+            "owed-dropped-at-close",
+            "a closing event loop drops the releases and withdrawals its shutdown "
+            "cancelled before they ran",
+            hub_class=ForgetfulClosingHub,
+            requires=((Hub.finish, "self._owed()"),),
         ),
         Mutant(
             "ring-proof-unchecked",

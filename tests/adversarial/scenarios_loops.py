@@ -14,11 +14,11 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from redis_fifo_lock import LoopClients
+from redis_fifo_lock import Lease, LoopClients
 from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena
-from tests.adversarial.registry import POLL_MS, Context, Outcome, outcome, scenario
+from tests.adversarial.registry import Context, Outcome, outcome, scenario
 from tests.support.polling import until
 from tests.support.record import read_lines
 
@@ -91,32 +91,52 @@ class _DestroyedTasks(logging.Handler):
             self.reports.append(message.splitlines()[-1][:200])
 
 
+SHUTDOWN_LEASE_MS, SHUTDOWN_POLL_MS = 10_000, 5_000
+"""Timing of the loop-shutdown scenario: a lease, or a poll, that nobody waits for."""
+
+
 @scenario(
     "loop-shutdown",
-    kills=("hub-outlives-loop",),
-    faults="asyncio.run returns while its loop has a waiter queued and a task that, "
-    "cancelled by the shutdown, subscribes the doorbell on its way out",
+    kills=("hub-outlives-loop", "owed-dropped-at-close"),
+    faults="asyncio.run returns right after cancelling a task inside hold() and a "
+    "queued waiter (the shutdown cancels them again, with what their cancellation "
+    "started), and with a task that subscribes the doorbell on its way out",
 )
 async def loop_shutdown(ctx: Context) -> Outcome:
-    """What a loop's shutdown cancels ends with the loop: no task of the lock is
-    destroyed pending, no doorbell stays subscribed on a client the caller keeps
-    open, and the waiter cancelled by the shutdown leaves the queue, so the next
-    one is served at once when the holder leaves."""
+    """What a loop's shutdown cancels ends with the loop, and what the lock owes
+    Redis is done first: the hold's lease is released and the waiter withdrawn
+    (the next waiter, in another loop, is served within 2 s, not after the
+    10 s lease), no task of the lock is destroyed pending, and no doorbell
+    stays subscribed on the client the caller keeps open."""
     server = ctx.servers()
-    arena = Arena(ctx, server.url, "shutdown")
+    arena = Arena(ctx, server.url, "shutdown", lease_ms=SHUTDOWN_LEASE_MS, poll_ms=SHUTDOWN_POLL_MS)
     problems: list[str] = []
     destroyed = _DestroyedTasks()
     logging.getLogger("asyncio").addHandler(destroyed)
     channel = arena.keys.doorbell_of("shutdown")
     kept: list[Redis] = []
     started: list[asyncio.Task[object]] = []
+    leases: list[Lease] = []
+    next_token: list[str] = []
 
     def short_lived_loop() -> None:
         async def main() -> None:
             client = Redis.from_url(server.url)  # the caller's: it outlives the loop
             kept.append(client)
-            lock, actor = arena.lock(client), Actor(arena.record, "doomed")
+            lock = arena.lock(client)
             hub = hub_for(client)
+            inside = asyncio.Event()
+
+            async def holds() -> None:
+                arena.record.request("doomed-h", 5, "doomed")
+                async with lock.hold(timeout=5, token="doomed-h") as lease:
+                    leases.append(lease)
+                    arena.record.enter(lease, "doomed")
+                    inside.set()
+                    try:
+                        await asyncio.Event().wait()
+                    finally:
+                        arena.record.exit(lease)
 
             async def subscribes_when_cancelled() -> None:
                 # As CI saw: a doorbell watch confirmed as the shutdown's
@@ -126,29 +146,36 @@ async def loop_shutdown(ctx: Context) -> Outcome:
                 finally:
                     await hub.doorbell.watch(channel, lambda token, grant: None)
 
-            started.append(asyncio.create_task(subscribes_when_cancelled()))
-            started.append(
-                asyncio.create_task(actor.attempt(lock, "doomed-0", Plan(0.0, timeout_s=30)))
+            holder = asyncio.create_task(holds())
+            await inside.wait()
+            waiter = asyncio.create_task(
+                Actor(arena.record, "doomed").attempt(lock, "doomed-w", Plan(0.0, timeout_s=30))
             )
-            await until(lambda: arena.queued("doomed-0"), "the doomed waiter queued")
+            await until(lambda: next_token and arena.queued(next_token[0]), "next queued")
+            started.extend([holder, waiter, asyncio.create_task(subscribes_when_cancelled())])
+            holder.cancel()
+            arena.record.cancel("doomed-w")
+            waiter.cancel()  # and both again by the shutdown, right after this returns
+            arena.record.gave_up("doomed-w", "cancelled")
 
         asyncio.run(main())
-        arena.record.gave_up("doomed-0", "cancelled by its loop's shutdown")
+        if leases:
+            arena.record.released(leases[0], "ok")  # its release ran as the loop closed
         started.clear()
         gc.collect()  # a task left pending is reported as it is destroyed
 
     try:
-        _, holder_actor, holder_lease = holder = await arena.enter("holder")
-        await asyncio.get_running_loop().run_in_executor(None, short_lived_loop)
+        closing = asyncio.get_running_loop().run_in_executor(None, short_lived_loop)
+        await arena.until(lambda: arena.queued("doomed-w"), "the doomed waiter queued")
+        task, token = arena.waiter("next", Plan(0.0, timeout_s=20))
+        next_token.append(token)
+        await closing
+        problems += await arena.served(task, token, 2.0)
         subscribed = dict(await arena.admin.pubsub_numsub(channel)).get(channel.encode(), 0)
         if subscribed:
             problems.append(f"a doorbell subscription outlived its loop ({subscribed} left)")
-        if await arena.in_queue("doomed-0"):
+        if await arena.in_queue("doomed-w"):
             problems.append("the waiter cancelled by its loop's shutdown is still queued")
-        task, token = arena.waiter("next", Plan(0.0, timeout_s=10))
-        await arena.until(lambda: arena.queued(token), "the next waiter queued")
-        await arena.leave(holder[0], holder_actor, holder_lease)
-        problems += await arena.served(task, token, 10 * POLL_MS / 1000)
     finally:
         logging.getLogger("asyncio").removeHandler(destroyed)
         await arena.close()
