@@ -47,6 +47,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from .acl import RULES_HINT, refusal
 from .eviction import server_of
 from .protocol import AsyncClient, Grant, LockKeys
+from .timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ class Doorbell:
             except FAILURES:  # e.g. a node the client dropped meanwhile
                 continue
             try:
-                await asyncio.wait_for(fresh.subscribe(*channels), RESUBSCRIBE_TIMEOUT_S)
+                await within(fresh.subscribe(*channels), RESUBSCRIBE_TIMEOUT_S)
             except BaseException as exc:
                 await _close(fresh)
                 if isinstance(exc, (*FAILURES, asyncio.TimeoutError)):

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .errors import RedisUnavailable
+from .timeouts import within
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -70,7 +71,7 @@ async def release_retrying(lock: FifoLock, lease: Lease) -> None:
 
 async def _release_once(lock: FifoLock, lease: Lease) -> None:
     try:
-        await asyncio.wait_for(lock.release(lease), RELEASE_TRY_S)
+        await within(lock.release(lease), RELEASE_TRY_S)
     except asyncio.TimeoutError:
         raise RedisUnavailable(
             lock.name,

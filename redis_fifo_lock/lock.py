@@ -21,7 +21,6 @@ import contextlib
 import logging
 import math
 import secrets
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
@@ -55,6 +54,7 @@ from .protocol import (
 )
 from .renewal import end_renewal, start_renewal
 from .settings import LockOptions, LockSettings, check_name, check_namespace, shown_value
+from .timeouts import cancelling, within
 from .waiting import Hub, Waiter, WaitGroup, hub_for
 
 if TYPE_CHECKING:
@@ -75,32 +75,16 @@ ATTEMPT_FLOOR_S = 0.5
 less of its ``timeout`` is left (so that ``timeout=0`` still tries once)."""
 
 
-def _cancelling() -> bool:
-    """True if the running task has a cancellation pending (Python 3.11+; on 3.10
-    there is no way to know, and False is returned)."""
-    if sys.version_info < (3, 11):
-        # Not asyncio's own count there: backports (as pytest-asyncio installs)
-        # may give tasks a cancelling() of their own that does not mean this.
-        return False
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
 async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
     """Await ``awaitable``, raising ``asyncio.TimeoutError`` at loop time ``deadline``
     (or ``ATTEMPT_FLOOR_S`` from now, if that is later).
 
-    On Python 3.11+ with ``asyncio.timeout_at``, which creates no task: 10,000
-    waiters starting at once must not flood the loop that renews the leases.
+    A cancellation of the caller is never lost (see ``timeouts.within``).
     """
     if deadline is None:
         return await awaitable
     loop = asyncio.get_running_loop()
-    until = max(deadline, loop.time() + ATTEMPT_FLOOR_S)
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout_at(until):
-            return await awaitable
-    return await asyncio.wait_for(awaitable, until - loop.time())
+    return await within(awaitable, max(deadline - loop.time(), ATTEMPT_FLOOR_S))
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -354,7 +338,7 @@ class FifoLock:
         finally:
             group.leave(token)
         claim.granted(lease)
-        if _cancelling():
+        if cancelling():
             # Cancelled while the call that granted it was in flight, and the
             # cancellation was swallowed on the way (redis-py and asyncio.wait_for
             # can do that): the caller will not see this lease, so hand it on.
@@ -375,6 +359,11 @@ class FifoLock:
         group.wait()
         while True:
             try:
+                if cancelling():
+                    # Cancelled while a call was on its way, and the cancellation
+                    # lost there (redis-py can swallow one while it connects):
+                    # waiting on would keep a closing loop waiting for this task.
+                    raise asyncio.CancelledError
                 hinted = await waiter.next_hint(deadline)
                 if not hinted:
                     await self._give_up(hub, group, waiter)

@@ -22,6 +22,7 @@ from .errors import RedisUnavailable
 from .loops import loop_context
 from .portal import is_portal_loop, portal
 from .protocol import RENEWED
+from .timeouts import cancelling, within
 from .waiting import Hub, hub_for
 
 if TYPE_CHECKING:
@@ -190,15 +191,22 @@ class Renewal:
                 # Bounded by the lease's remaining life: a holder cut off from
                 # Redis must learn it lost the lock when the lease expires, not
                 # whenever the client's own timeouts give up.
-                outcome, pttl_ms = await asyncio.wait_for(
+                outcome, pttl_ms = await within(
                     lock._renew_once(self._hub, lease),
                     max(RENEW_REPLY_FLOOR_S, lease.expires_at - sent),
                 )
             except (RedisUnavailable, asyncio.TimeoutError) as exc:
+                if self._stopped or cancelling():
+                    raise asyncio.CancelledError from None  # see below
                 # NotReplicated has no redis-py cause: its message says why.
                 failure = str(getattr(exc, "cause", None) or getattr(exc, "message", failure))
                 next_at = time.monotonic() + min(RENEW_RETRY_S, interval)
                 continue
+            if self._stopped or cancelling():
+                # Stopped or cancelled while the renewal was on its way, and the
+                # cancellation lost below (redis-py can swallow one): carrying
+                # on would keep a closing loop waiting for this task for ever.
+                raise asyncio.CancelledError
             if outcome != RENEWED:
                 self._lose(
                     f"max_hold_ms ({settings.max_hold_ms}) reached"

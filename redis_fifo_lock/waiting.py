@@ -55,6 +55,7 @@ from .protocol import (
     ring_proof,
 )
 from .settings import LockSettings
+from .timeouts import within
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -273,7 +274,7 @@ class WaitGroup:
                     return
                 if delay > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay)
+                        await within(self._wake.wait(), delay)
                     if not self.waiters:
                         # Woken because the last waiter left (granted or gone):
                         # close without one more, useless, poll.
@@ -291,7 +292,7 @@ class WaitGroup:
             # Half a lease at most: the first poll waits for this, and must still
             # come before a grant made meanwhile could expire.
             # False: the client has no pub/sub (the doorbell warned once).
-            return await asyncio.wait_for(
+            return await within(
                 self.hub.doorbell.watch(channel, self.ring), self.settings.lease_ms / 2000
             )
         except ResponseError as exc:
@@ -516,7 +517,7 @@ class Hub:
 
         async def send(client: AsyncClient) -> int:
             # Bounded once it has a slot: waiting for one is not a failure.
-            return await asyncio.wait_for(
+            return await within(
                 group.protocol.withdraw(
                     client,
                     group.keys,

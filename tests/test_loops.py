@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from redis_fifo_lock import FifoLock, Lease, LoopClients, SyncFifoLock
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients, SyncFifoLock
 from redis_fifo_lock.calls import call_ids
 from redis_fifo_lock.loops import contexts
 from redis_fifo_lock.portal import is_portal_loop, portal
@@ -214,3 +216,73 @@ def test_what_the_lock_owes_redis_is_done_before_its_loop_closes(
         asyncio.run(release_of_hold() if owed == "release of hold()" else dropped())
         assert not other.status().held
     assert other_loops() == []
+
+
+def test_a_loop_closes_however_its_renewals_meet_the_shutdown(redis_url: str) -> None:
+    """20 leases renewing every 20 ms as ``asyncio.run`` returns: some renewal
+    is always on its way when the shutdown (or the hand-over to the portal)
+    cancels it, and Python 3.10/3.11's ``wait_for`` swallowed that cancellation
+    when it met the reply; the renewal carried on and the loop never closed."""
+    clients = LoopClients(redis_url)
+    for round_ in range(8):
+        fast = {"lease_ms": 60, "poll_ms": 30}
+        locks = [FifoLock(clients, f"fast-{round_}-{k}", **fast) for k in range(20)]
+        leases: list[Lease] = []
+        closing = threading.Thread(target=asyncio.run, args=(_hold_all(locks, leases),))
+        closing.daemon = True
+        closing.start()
+        closing.join(10)
+        assert not closing.is_alive(), f"round {round_}: asyncio.run did not return in 10 s"
+        asyncio.run(_release_all(locks, leases))
+    assert other_loops() == []
+
+
+async def _hold_all(locks: list[FifoLock], leases: list[Lease]) -> None:
+    leases.extend([await lock.acquire(timeout=5) for lock in locks])
+    await asyncio.sleep(0.04)  # a moment of renewals, not a synchronisation
+
+
+async def _release_all(locks: list[FifoLock], leases: list[Lease]) -> None:
+    for lock, lease in zip(locks, leases, strict=True):
+        with contextlib.suppress(LeaseLost):
+            await lock.release(lease)
+
+
+class _SwallowingRedis(AsyncRedis):
+    """A client that, once, loses a cancellation that comes while its script call
+    is on its way, as redis-py can while it opens a connection."""
+
+    on_its_way: asyncio.Event
+
+    async def evalsha(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.on_its_way.is_set():
+            self.on_its_way.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.5)
+        return await super().evalsha(*args, **kwargs)
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="a lost cancellation can be told from 3.11 on"
+)
+async def test_an_acquire_whose_cancellation_was_lost_on_its_way_still_ends(
+    redis_url: str,
+) -> None:
+    """The acquire call's client lost the cancellation and the request queued:
+    the acquire must not wait on (for its timeout, or for ever) as if never
+    cancelled, which keeps a closing loop waiting for it; it withdraws and
+    raises CancelledError."""
+    holder_lock = FifoLock(AsyncRedis.from_url(redis_url), "lost-cancel", **SETTINGS)
+    holder = await holder_lock.acquire(timeout=5)
+    client = _SwallowingRedis.from_url(redis_url)
+    client.on_its_way = asyncio.Event()
+    waiting = asyncio.create_task(FifoLock(client, "lost-cancel", **SETTINGS).acquire())
+    await client.on_its_way.wait()
+    waiting.cancel()
+    done, _ = await asyncio.wait({waiting}, timeout=5)
+    assert done, "the cancelled acquire still waits"
+    assert waiting.cancelled()
+    assert (await holder_lock.status()).waiting == 0
+    await holder_lock.release(holder)
+    await client.aclose()
+    await holder_lock.client.aclose()
