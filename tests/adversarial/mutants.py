@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import redis_fifo_lock.calls as calls_module
+import redis_fifo_lock.renewal as renewal_module
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
 from redis_fifo_lock.calls import SEQ_DIGITS, CallIds
@@ -409,6 +410,17 @@ class ForgetfulClosingHub(Hub):
         return  # the mutation: nothing owed is done
 
 
+async def _swallowing_within(awaitable: Any, timeout_s: float) -> Any:
+    """MUTANT cancel-swallowed, part 1: bounds an await with Python 3.10/3.11's
+    ``asyncio.wait_for``, which loses a cancellation that meets the reply."""
+    return await asyncio.wait_for(awaitable, timeout_s)
+
+
+def _never_cancelling() -> bool:
+    """MUTANT cancel-swallowed, part 2: a lost cancellation goes unnoticed."""
+    return False
+
+
 class LoopBoundHub(Hub):
     """MUTANT hub-outlives-loop: a closing event loop leaves its hubs' own tasks
     running: a doorbell subscription (or withdrawal) started by a task that the
@@ -432,6 +444,7 @@ class Mutant:
     doorbell_class: type[Doorbell] | None = None
     hub_class: type[Hub] | None = None
     call_ids_class: type[CallIds] | None = None
+    patches: tuple[tuple[Any, str, Any], ...] = ()
     requires: tuple[tuple[object, str], ...] = field(default=())
 
     def check(self) -> None:
@@ -460,8 +473,9 @@ class Mutant:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """Swap in this variant's ``WaitGroup``, ``Doorbell`` and ``Hub`` classes
-        and its process-wide ``CallIds`` (if any) while the block runs."""
+        """Swap in this variant's ``WaitGroup``, ``Doorbell`` and ``Hub`` classes,
+        its process-wide ``CallIds`` and its ``patches`` (module, name, value)
+        (if any) while the block runs."""
         swaps = {
             "WaitGroup": self.group_class,
             "Doorbell": self.doorbell_class,
@@ -474,12 +488,17 @@ class Mutant:
         call_ids = calls_module._call_ids
         if self.call_ids_class is not None:
             calls_module._call_ids = self.call_ids_class()
+        patched = [(module, name, getattr(module, name)) for module, name, _ in self.patches]
+        for module, name, replacement in self.patches:
+            setattr(module, name, replacement)
         try:
             yield
         finally:
             for name, original in originals.items():
                 setattr(waiting_module, name, original)
             calls_module._call_ids = call_ids
+            for module, name, original in patched:
+                setattr(module, name, original)
 
 
 def _all(old: str, new: str) -> Substitution:
@@ -714,6 +733,16 @@ MUTANTS: dict[str, Mutant] = {
             "cancelled before they ran",
             hub_class=ForgetfulClosingHub,
             requires=((Hub.finish, "self._owed()"),),
+        ),
+        Mutant(
+            "cancel-swallowed",
+            "renewals bound their call with asyncio.wait_for and never look for a "
+            "cancellation lost on the way",
+            patches=(
+                (renewal_module, "within", _swallowing_within),
+                (renewal_module, "cancelling", _never_cancelling),
+            ),
+            requires=((Renewal._run, "await within("), (Renewal._run, "cancelling()")),
         ),
         Mutant(
             "ring-proof-unchecked",

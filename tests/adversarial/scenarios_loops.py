@@ -5,16 +5,18 @@ lock still has work on them (``asyncio.run`` returning with a waiter queued)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from redis_fifo_lock import Lease, LoopClients
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients
 from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena
@@ -183,3 +185,49 @@ async def loop_shutdown(ctx: Context) -> Outcome:
         gc.collect()
     problems += [f"destroyed pending at the loop's close: {r}" for r in destroyed.reports]
     return outcome(ctx, "loop-shutdown", problems)
+
+
+FAST_ROUNDS, FAST_LEASES = 8, 20
+"""Rounds of the fast-renewals-at-shutdown scenario, and leases held in each."""
+
+
+@scenario(
+    "fast-renewals-at-shutdown",
+    kills=("cancel-swallowed",),
+    faults="asyncio.run returns while 20 leases renew every 20 ms, so that the "
+    "shutdown's cancellation meets renewals on their way, round after round",
+)
+async def fast_renewals_at_shutdown(ctx: Context) -> Outcome:
+    """Each loop closes (its leases' renewals go to the portal loop) within 10 s,
+    however its renewals met the shutdown's cancellation; every lease is then
+    released from another loop."""
+    server = ctx.servers()
+    clients = LoopClients(server.url)
+    problems: list[str] = []
+    for round_ in range(FAST_ROUNDS):
+        arenas = [
+            Arena(ctx, server.url, f"fast-{round_}-{k}", lease_ms=60, poll_ms=30)
+            for k in range(FAST_LEASES)
+        ]
+        locks = [arena.lock(clients) for arena in arenas]  # type: ignore[arg-type]
+        leases: list[Lease] = []
+
+        def holds(locks: list[FifoLock] = locks, leases: list[Lease] = leases) -> None:
+            async def main() -> None:
+                leases.extend([await lock.acquire(timeout=5) for lock in locks])
+                await asyncio.sleep(0.04)  # a moment of renewals, not a synchronisation
+
+            asyncio.run(main())
+
+        closing = threading.Thread(target=holds, daemon=True)
+        closing.start()
+        await asyncio.get_running_loop().run_in_executor(None, closing.join, 10)
+        for arena in arenas:
+            await arena.close()
+        if closing.is_alive():
+            problems.append(f"round {round_}: asyncio.run did not return in 10 s")
+            break
+        for lock, lease in zip(locks, leases, strict=True):
+            with contextlib.suppress(LeaseLost):
+                await lock.release(lease)
+    return outcome(ctx, "fast-renewals-at-shutdown", problems)
