@@ -540,8 +540,7 @@ class Hub:
                 # needs): trying again cannot help; the request is skipped once
                 # this process stops polling, or its grant expires unclaimed.
                 log.warning(
-                    "FIFO lock %r: Redis refused to withdraw request %s (%s); it is left "
-                    "to expire",
+                    "FIFO lock %r: Redis refused to withdraw request %s (%s); it is left to expire",
                     group.keys.name,
                     withdrawal.token,
                     exc.cause,

@@ -135,7 +135,6 @@ def test_what_a_cancelled_task_starts_at_shutdown_ends_with_the_loop(
     gc.collect()  # the own client's connections, with its loop gone
 
 
-
 def test_acquires_on_many_threads_at_once_are_never_taken_for_late_copies(redis_url: str) -> None:
     """Every thread's event loop shares the process's call ids. A call id issued
     on one thread must count as in flight before another thread reads the
@@ -173,9 +172,7 @@ OWED = ["withdraw", "release of hold()", "release of a dropped lease"]
 
 
 @pytest.mark.parametrize("owed", OWED)
-def test_what_the_lock_owes_redis_is_done_before_its_loop_closes(
-    redis_url: str, owed: str
-) -> None:
+def test_what_the_lock_owes_redis_is_done_before_its_loop_closes(redis_url: str, owed: str) -> None:
     """A task cancelled just before ``asyncio.run`` returns is cancelled again
     by the shutdown, which can cancel the withdrawal or release its
     cancellation started before that ran a step; a lease dropped as the loop

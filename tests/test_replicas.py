@@ -188,6 +188,7 @@ async def test_hold_raises_on_exit_when_the_lease_was_lost_though_the_master_kep
     lock = FifoLock(
         pair.client, "hold-unacked", lease_ms=1500, poll_ms=500, replicas=1, replica_wait_ms=300
     )
+
     async def hold_until_lost() -> None:
         async with lock.hold(timeout=5) as lease:
             await asyncio.to_thread(pair.detach_replica)
