@@ -70,6 +70,11 @@ def available_parsers() -> tuple[Parser, ...]:
     return PARSERS if HIREDIS_AVAILABLE else ("python",)
 
 
+def async_parser_class(parser: Parser) -> type[Any]:
+    """The asyncio client's reply parser class for ``parser``."""
+    return _PARSER_CLASSES[parser][1]
+
+
 def row_key(library: str, parser: str) -> str:
     """A result row's key: the library's for the pure-Python parser,
     ``<library>+hiredis`` for hiredis."""

@@ -10,15 +10,21 @@ clock for the machine) the moments a hand-off passes:
 - ``script``: the release's ``EVALSHA`` enters redis-py (our layers are done);
 - ``packed``: redis-py hands the packed command to ``send_packed_command``;
 - ``written``: the bytes reach the socket transport;
+- ``bytes in``: bytes arrived on a connection of the next holder's process
+  (the last arrival before ``ring read``: the ring's, unless another
+  connection's bytes came in between);
 - ``ring read``: the next holder's process dispatches the ring it read;
 - ``resumed``: the next holder's waiting task runs again;
 - ``returned``: its ``acquire`` returned.
 
 It prints the median of each, from ``release called``, over the hand-offs to
-another process (fence order). Instrumentation for profiling, not a benchmark
+another process (fence order), and the median from ``release called`` to
+``returned`` over the hand-offs within a process. Every client reads replies
+with the parser ``--parser`` names (default: redis-py's pure-Python one, as in
+the benchmark's headline rows). Instrumentation for profiling, not a benchmark
 result: the stamps are monkeypatched into the running code (asyncio's socket
-transport, redis-py's connection, the lock's doorbell and waiter), which costs
-a little time itself.
+transport and stream protocol, redis-py's connection, the lock's doorbell and
+waiter), which costs a little time itself.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.connection import AbstractConnection
 
 from benchmarks.harness import redis_server
+from benchmarks.libraries import PARSERS, Parser, async_parser_class
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock.doorbell import Doorbell
 from redis_fifo_lock.protocol import Script
@@ -46,7 +53,7 @@ from redis_fifo_lock.waiting import Waiter
 
 HOLDER_SIDE = ("script", "packed", "written")
 """Stamps taken in the releasing process, the first after ``release called``."""
-WAITER_SIDE = ("ring read", "resumed")
+WAITER_SIDE = ("bytes in", "ring read", "resumed")
 """Stamps taken in the next holder's process, the last before ``returned``."""
 
 Events = dict[str, list[int]]
@@ -78,6 +85,14 @@ def _stamped(events: Events) -> Callable[[str], None]:
             return _original(self, data)
 
         setattr(transport, method, write)
+
+    original_received = asyncio.StreamReaderProtocol.data_received
+
+    def received(self: asyncio.StreamReaderProtocol, data: bytes) -> None:
+        stamp("bytes in")
+        original_received(self, data)
+
+    asyncio.StreamReaderProtocol.data_received = received  # type: ignore[method-assign]
 
     original_run = Script.run
 
@@ -115,7 +130,7 @@ def _stamped(events: Events) -> Callable[[str], None]:
     return arm
 
 
-def contend(url: str, tasks: int, seconds: float, out: Connection) -> None:
+def contend(url: str, parser: Parser, tasks: int, seconds: float, out: Connection) -> None:
     """Take and release the lock from ``tasks`` tasks for ``seconds``; send back
     the stamps and the (fence, returned, release called) of each grant."""
     events: Events = {kind: [] for kind in (*HOLDER_SIDE, *WAITER_SIDE, "release called")}
@@ -123,7 +138,7 @@ def contend(url: str, tasks: int, seconds: float, out: Connection) -> None:
     grants: list[tuple[int, int, int]] = []
 
     async def run() -> None:
-        client = AsyncRedis.from_url(url)
+        client = AsyncRedis.from_url(url, parser_class=async_parser_class(parser))
         lock = FifoLock(client, "timeline")
         stop = time.monotonic() + seconds
 
@@ -158,11 +173,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--parser", choices=PARSERS, default="python", help="reply parser (default: python)"
+    )
     args = parser.parse_args(argv)
     with redis_server(args.processes * args.tasks) as url:
         pipes = [multiprocessing.Pipe(duplex=False) for _ in range(args.processes)]
         workers = [
-            multiprocessing.Process(target=contend, args=(url, args.tasks, args.seconds, sender))
+            multiprocessing.Process(
+                target=contend, args=(url, args.parser, args.tasks, args.seconds, sender)
+            )
             for _, sender in pipes
         ]
         for worker in workers:
@@ -179,10 +199,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     delays: dict[str, list[float]] = {kind: [] for kind in (*HOLDER_SIDE, *WAITER_SIDE)}
     delays["returned"] = []
+    within_process: list[float] = []
     for before, after in itertools.pairwise(grants):
         _, holder, _, called = before
         _, waiter, returned, _ = after
         if holder == waiter:
+            within_process.append((returned - called) / 1000)
             continue
         for kind in HOLDER_SIDE:
             moment = _first_after(results[holder][0][kind], called)
@@ -201,6 +223,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     for kind, values in delays.items():
         if values:
             print(f"  {kind:12s} {statistics.median(values):8.0f} us  ({len(values)} stamps)")
+    if within_process:
+        print(
+            f"{len(within_process)} hand-offs within a process: 'release called' to "
+            f"'returned' {statistics.median(within_process):.0f} us (median)"
+        )
 
 
 if __name__ == "__main__":
