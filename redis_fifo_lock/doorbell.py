@@ -235,6 +235,11 @@ class Doorbell:
             failures = 0
             if message is not None:
                 self._dispatch(message)
+                if message["type"] == "message":
+                    # A ring woke a waiter, which is to hold the lock now: it
+                    # runs before this reader reads on, for until it runs the
+                    # lock serves nobody.
+                    await asyncio.sleep(0)
 
     async def _resubscribe(self, broken: PubSub) -> None:
         """Replace ``broken`` by a new pub/sub subscribed to every watched channel.

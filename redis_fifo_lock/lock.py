@@ -575,7 +575,9 @@ class FifoLock:
         stopped = lease.begin_release()
         hub = hub_for(self.client)
         try:
-            outcome = await self._send_release(hub, lease.token, lease.fence, lease.call)
+            outcome, handed_over = await self._send_release(
+                hub, lease.token, lease.fence, lease.call
+            )
         except BaseException:
             lease.release_failed()
             raise
@@ -604,11 +606,17 @@ class FifoLock:
                 fence=lease.fence,
                 token=lease.token,
             )
+        if handed_over:
+            # The next holder waits in this process, woken but not yet run: it
+            # goes first, before this task goes on with its own work (its next
+            # acquire, say), for until it runs the lock serves nobody.
+            await asyncio.sleep(0)
 
-    async def _send_release(self, hub: Hub, token: str, fence: int, call: str) -> int:
+    async def _send_release(self, hub: Hub, token: str, fence: int, call: str) -> tuple[int, bool]:
         """Run the release script for the grant (token, fence) made to acquire
         call ``call``, and hand the lock to the next holder if it waits in this
-        process; returns RELEASED, ALREADY_RELEASED or NOT_HELD."""
+        process; returns (RELEASED, ALREADY_RELEASED or NOT_HELD; whether the
+        lock was handed to a waiter of this process)."""
         session = hub.session_for(self.settings)
 
         async def send(client: AsyncClient) -> tuple[float, tuple[int, tuple[str, Grant] | None]]:
@@ -629,7 +637,7 @@ class FifoLock:
         if handover is not None:
             # The next holder waits in this process: no ring was sent for it.
             hub.hand_over(self.keys, self.settings, self._protocol, handover, sent)
-        return outcome
+        return outcome, handover is not None
 
     async def _release_dropped(self, hub: Hub, token: str, fence: int, call: str) -> None:
         """Release the grant (token, fence) of a lease its holder dropped without

@@ -27,6 +27,7 @@ from redis_fifo_lock import (
 from redis_fifo_lock.calls import call_ids
 from redis_fifo_lock.holds import violations
 from tests.support.forking import RAISED, in_child, needs_fork
+from tests.support.handover import cancel_when_handed_over
 from tests.support.polling import until, until_sync
 from tests.support.record import Record
 
@@ -259,17 +260,18 @@ async def test_acquire_with_zero_timeout_tries_once(aredis: Redis) -> None:
 
 @pytest.mark.parametrize("after_grant", [False, True])
 async def test_a_cancelled_acquire_never_leaves_a_grant_behind(
-    aredis: Redis, after_grant: bool
+    aredis: Redis, after_grant: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lock = fast_lock(aredis, lease_ms=5000, poll_ms=1000)
     holder = await lock.acquire()
     waiter = asyncio.create_task(lock.acquire(token="doomed"))
     await queued(aredis, lock, "doomed")
     if after_grant:
-        # Release, and cancel before the waiter's task gets to run: the grant
-        # lands in Redis but the caller never sees it.
+        # Release, and cancel the waiter as the release hands it the grant,
+        # before its task gets to run: the grant lands in Redis but the caller
+        # never sees it.
+        cancel_when_handed_over(monkeypatch, waiter)
         await lock.release(holder)
-        waiter.cancel()
     else:
         waiter.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -20,6 +20,7 @@ from redis_fifo_lock import FifoLock, LeaseLost, LockTimeout, SyncFifoLock
 from redis_fifo_lock.calls import call_ids
 from redis_fifo_lock.protocol import PROTOCOL
 from redis_fifo_lock.waiting import hub_for
+from tests.support.handover import cancel_when_handed_over
 from tests.support.polling import until
 from tests.support.telemetry import Telemetry, attributes, recording
 from tests.support.telemetry import labels as labels_of
@@ -142,15 +143,15 @@ async def test_a_lease_lost_to_blocked_renewals_is_counted_and_fails_its_hold(
 
 
 async def test_a_grant_to_a_waiter_cancelled_as_it_came_is_given_back_and_counted(
-    aredis: Redis, telemetry: Telemetry
+    aredis: Redis, telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lock = job_lock(aredis, lease_ms=5000, poll_ms=1000)
     holder = await lock.acquire()
     waiter = asyncio.create_task(lock.acquire(token="doomed"))
     await queue_length(lock, 1)
     # The release hands the lock to the waiter, which is cancelled before it runs.
+    cancel_when_handed_over(monkeypatch, waiter)
     await lock.release(holder)
-    waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
     lease = await lock.acquire(timeout=1)
