@@ -25,7 +25,10 @@ hears every ring.
 A ``SUBSCRIBE`` refused by the server (an ACL without ``+subscribe`` or without
 the lock's channel pattern) fails that channel's ``watch`` at once with the
 server's error; the wait group then reports it (``report_refusal``: one
-WARNING per server and rule in the process) and its waiters poll.
+WARNING per server and rule in the process) and its waiters poll. A ring the
+server refuses to a script fails nothing (the script rings with
+``redis.pcall``), so ``check_ringing`` tries a ``PUBLISH`` of its own once per
+server, user and namespace, and reports a refusal the same way.
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ _warned_no_pubsub: set[type] = set()
 _refusals_reported: set[tuple[object, str]] = set()
 """(server, what to add) pairs already reported at WARNING, in this process."""
 _refusals_guard = threading.Lock()
+
+_ringing_checked: set[tuple[object, ...]] = set()
+"""(server, user, namespace) whose permission to ring the doorbell this process
+has checked (``check_ringing``): a handful, one per server and lock user."""
+
+UNWATCHED_SESSION = "check"
+"""A session no waiter has (sessions are hex digits and a dot): the channel of
+``check_ringing``'s empty PUBLISH, which nobody hears."""
 
 
 def _after_fork_in_child() -> None:
@@ -356,6 +367,50 @@ def report_refusal(
         waits,
         RULES_HINT,
     )
+
+
+async def check_ringing(client: AsyncClient, keys: LockKeys, poll_ms: int) -> None:
+    """Check that Redis lets the lock ring its doorbell: ``PUBLISH`` an empty
+    message, as the scripts do to ring a grant, on a channel of ``keys`` that
+    nobody hears. Asked for once per server, user and namespace in this process
+    (see ``ringing_unchecked``).
+
+    A script rings with ``redis.pcall``, so a refused ring fails nothing and
+    says nothing, and every hand-off to another process then waits for that
+    waiter's poll. A refusal here is reported like a refused subscription
+    (``report_refusal``: a WARNING per server and rule, naming the rule to add).
+    Never raises: when Redis cannot be reached, the next wait checks again.
+
+    Args:
+        client: the lock's client (the call takes one of its connections).
+        keys: the lock's keys, for the channel and the namespace.
+        poll_ms: how often the lock's waiters poll (int), for the warning.
+    """
+    try:
+        await client.publish(keys.doorbell_of(UNWATCHED_SESSION), "")
+    except ResponseError as exc:
+        if refusal(str(exc), keys.namespace) is None:
+            return
+        report_refusal(client, exc, keys, poll_ms)
+    except FAILURES:
+        return
+    with _refusals_guard:
+        _ringing_checked.add(_ringing_identity(client, keys))
+
+
+def ringing_unchecked(client: AsyncClient, keys: LockKeys) -> bool:
+    """Whether ``check_ringing`` has yet to check ``client``'s server and user for
+    the namespace of ``keys`` in this process."""
+    with _refusals_guard:
+        return _ringing_identity(client, keys) not in _ringing_checked
+
+
+def _ringing_identity(client: AsyncClient, keys: LockKeys) -> tuple[object, ...]:
+    # Not the client's identity: a process may make clients without end. All
+    # clusters share one entry (a cluster has no one server).
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    user = kwargs.get("username") if isinstance(kwargs, dict) else None
+    return (server_of(client) or ("cluster",), user, keys.namespace)
 
 
 def _forget(unanswered: deque[tuple[str, str]], entry: tuple[str, str]) -> None:

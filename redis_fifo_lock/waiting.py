@@ -39,7 +39,7 @@ from redis.exceptions import NoPermissionError, RedisClusterException, RedisErro
 
 from . import metrics
 from .calls import UNKNOWN_CALL, call_ids
-from .doorbell import Doorbell, report_refusal
+from .doorbell import Doorbell, check_ringing, report_refusal, ringing_unchecked
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
 from .loops import loop_context
@@ -288,13 +288,12 @@ class WaitGroup:
 
     async def _watch(self) -> bool:
         channel = self.keys.doorbell_of(self.session)
+        # Half a lease at most, each: the first poll waits for these, and must
+        # still come before a grant made meanwhile could expire.
+        bound_s = self.settings.lease_ms / 2000
         try:
-            # Half a lease at most: the first poll waits for this, and must still
-            # come before a grant made meanwhile could expire.
             # False: the client has no pub/sub (the doorbell warned once).
-            return await within(
-                self.hub.doorbell.watch(channel, self.ring), self.settings.lease_ms / 2000
-            )
+            watching = await within(self.hub.doorbell.watch(channel, self.ring), bound_s)
         except ResponseError as exc:
             # Refused (an ACL): said once per server and rule, not per wait.
             report_refusal(self.hub.client, exc, self.keys, self.settings.poll_ms)
@@ -309,6 +308,16 @@ class WaitGroup:
             )
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
+        if watching and ringing_unchecked(self.hub.client, self.keys):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await within(
+                    self.hub.run(
+                        self.hub.calls,
+                        lambda client: check_ringing(client, self.keys, self.settings.poll_ms),
+                    ),
+                    bound_s,
+                )
+        return watching
 
     async def _poll_once(self) -> float:
         """One poll; returns seconds until the next one."""
