@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,18 @@ ENV = "EXAMPLE_TELEMETRY_DIR"
 """Environment variable: the directory (str) each process writes its metrics to."""
 
 _reader: Any = None
+_dumping = threading.Lock()
+"""Held while a thread writes this process's file: the web server finishes
+requests on several threads, and two writers of one file interleave."""
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held it at the fork; it is not here to release it.
+    global _dumping
+    _dumping = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def install() -> None:
@@ -77,8 +90,9 @@ def dump() -> None:
         return
     folder = Path(os.environ[ENV])
     temporary = folder / f".{os.getpid()}.json"
-    temporary.write_text(json.dumps(points))
-    temporary.replace(folder / f"{os.getpid()}.json")
+    with _dumping:
+        temporary.write_text(json.dumps(points))
+        temporary.replace(folder / f"{os.getpid()}.json")
 
 
 @dataclass
