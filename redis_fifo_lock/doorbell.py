@@ -28,7 +28,7 @@ server's error; the wait group then reports it (``report_refusal``: one
 WARNING per server and rule in the process) and its waiters poll. A ring the
 server refuses to a script fails nothing (the script rings with
 ``redis.pcall``), so ``check_ringing`` tries a ``PUBLISH`` of its own once per
-server, user and namespace, and reports a refusal the same way.
+server, user and namespace, and reports an error reply the same way.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ _refusals_guard = threading.Lock()
 
 _ringing_checked: set[tuple[object, ...]] = set()
 """(server, user, namespace) whose permission to ring the doorbell this process
-has checked (``check_ringing``): a handful, one per server and lock user."""
+has checked, or is checking (``check_ringing``): a handful, one per server and
+lock user."""
 
 UNWATCHED_SESSION = "check"
 """A session no waiter has (sessions are hex digits and a dot): the channel of
@@ -369,40 +370,59 @@ def report_refusal(
     )
 
 
-async def check_ringing(client: AsyncClient, keys: LockKeys, poll_ms: int) -> None:
+async def check_ringing(client: AsyncClient, keys: LockKeys, poll_ms: int) -> bool:
     """Check that Redis lets the lock ring its doorbell: ``PUBLISH`` an empty
     message, as the scripts do to ring a grant, on a channel of ``keys`` that
-    nobody hears. Asked for once per server, user and namespace in this process
-    (see ``ringing_unchecked``).
+    nobody hears. Made once per server, user and namespace in this process
+    (``claim_ringing_check``).
 
     A script rings with ``redis.pcall``, so a refused ring fails nothing and
     says nothing, and every hand-off to another process then waits for that
-    waiter's poll. A refusal here is reported like a refused subscription
+    waiter's poll. An error reply here (an ACL refusal, or a server whose
+    ``PUBLISH`` was renamed away) is reported like a refused subscription
     (``report_refusal``: a WARNING per server and rule, naming the rule to add).
-    Never raises: when Redis cannot be reached, the next wait checks again.
 
-    Args:
-        client: the lock's client (the call takes one of its connections).
-        keys: the lock's keys, for the channel and the namespace.
-        poll_ms: how often the lock's waiters poll (int), for the warning.
+    Returns:
+        True once Redis answered (the check is made); False when it could not
+        be reached (the caller drops its claim, and a later wait checks).
     """
     try:
         await client.publish(keys.doorbell_of(UNWATCHED_SESSION), "")
     except ResponseError as exc:
-        if refusal(str(exc), keys.namespace) is None:
-            return
-        report_refusal(client, exc, keys, poll_ms)
+        if refusal(str(exc), keys.namespace) is not None:
+            report_refusal(client, exc, keys, poll_ms)
+        else:
+            log.warning(
+                "FIFO lock %r: Redis refused PUBLISH on the lock's doorbell channel (%s); "
+                "grants are not rung, and each hand-off waits for the next waiter's poll "
+                "(up to poll_ms, %d ms). The lock needs PUBLISH (check rename-command)",
+                keys.name,
+                exc,
+                poll_ms,
+            )
     except FAILURES:
-        return
-    with _refusals_guard:
-        _ringing_checked.add(_ringing_identity(client, keys))
+        return False
+    return True
 
 
-def ringing_unchecked(client: AsyncClient, keys: LockKeys) -> bool:
-    """Whether ``check_ringing`` has yet to check ``client``'s server and user for
-    the namespace of ``keys`` in this process."""
+def claim_ringing_check(client: AsyncClient, keys: LockKeys) -> bool:
+    """Whether ``check_ringing`` is still to be made for ``client``'s server and
+    user and the namespace of ``keys`` in this process. If so, the caller makes
+    it, and it counts as made for everyone else, unless the caller hands it
+    back (``drop_ringing_check``) because it could not make it."""
+    identity = _ringing_identity(client, keys)
     with _refusals_guard:
-        return _ringing_identity(client, keys) not in _ringing_checked
+        if identity in _ringing_checked:
+            return False
+        _ringing_checked.add(identity)
+        return True
+
+
+def drop_ringing_check(client: AsyncClient, keys: LockKeys) -> None:
+    """Hand back a ``claim_ringing_check`` whose check was not made: the next
+    wait makes it."""
+    with _refusals_guard:
+        _ringing_checked.discard(_ringing_identity(client, keys))
 
 
 def _ringing_identity(client: AsyncClient, keys: LockKeys) -> tuple[object, ...]:

@@ -39,7 +39,13 @@ from redis.exceptions import NoPermissionError, RedisClusterException, RedisErro
 
 from . import metrics
 from .calls import UNKNOWN_CALL, call_ids
-from .doorbell import Doorbell, check_ringing, report_refusal, ringing_unchecked
+from .doorbell import (
+    Doorbell,
+    check_ringing,
+    claim_ringing_check,
+    drop_ringing_check,
+    report_refusal,
+)
 from .errors import LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
 from .loops import loop_context
@@ -288,12 +294,14 @@ class WaitGroup:
 
     async def _watch(self) -> bool:
         channel = self.keys.doorbell_of(self.session)
-        # Half a lease at most, each: the first poll waits for these, and must
+        # Half a lease at most for both: the first poll waits for them, and must
         # still come before a grant made meanwhile could expire.
-        bound_s = self.settings.lease_ms / 2000
+        deadline = self.hub.loop.time() + self.settings.lease_ms / 2000
         try:
             # False: the client has no pub/sub (the doorbell warned once).
-            watching = await within(self.hub.doorbell.watch(channel, self.ring), bound_s)
+            watching = await within(
+                self.hub.doorbell.watch(channel, self.ring), deadline - self.hub.loop.time()
+            )
         except ResponseError as exc:
             # Refused (an ACL): said once per server and rule, not per wait.
             report_refusal(self.hub.client, exc, self.keys, self.settings.poll_ms)
@@ -308,15 +316,22 @@ class WaitGroup:
             )
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
-        if watching and ringing_unchecked(self.hub.client, self.keys):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await within(
+        left_s = deadline - self.hub.loop.time()
+        if watching and left_s > 0 and claim_ringing_check(self.hub.client, self.keys):
+            checked = False
+            try:
+                checked = await within(
                     self.hub.run(
                         self.hub.calls,
                         lambda client: check_ringing(client, self.keys, self.settings.poll_ms),
                     ),
-                    bound_s,
+                    left_s,
                 )
+            except asyncio.TimeoutError:
+                pass  # a later wait checks
+            finally:
+                if not checked:
+                    drop_ringing_check(self.hub.client, self.keys)
         return watching
 
     async def _poll_once(self) -> float:

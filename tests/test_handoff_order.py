@@ -10,13 +10,15 @@ the reader its next read - and must let the next holder run first.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from redis_fifo_lock import FifoLock, Lease
+from redis_fifo_lock import FifoLock, Lease, doorbell
+from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.support.polling import until
 
 
@@ -77,6 +79,9 @@ async def test_a_ring_lets_the_next_holder_run_before_the_doorbell_reads_on(
 
         waiter = asyncio.create_task(wait())
         await _queued(holder, 1)
+        await until(
+            lambda: aredis.pubsub_channels("*order-ring*"), "the waiter's doorbell is subscribed"
+        )
         reads.append("release called")
         await holder.release(held)
         await waiting.release(await waiter)
@@ -84,3 +89,62 @@ async def test_a_ring_lets_the_next_holder_run_before_the_doorbell_reads_on(
         await other.aclose()
     after = reads[reads.index("release called") + 1 :]
     assert after[:2] == ["next holder's acquire returned", "reader reads on"], after
+
+
+async def test_a_server_that_refuses_publish_is_named_in_a_warning_once(
+    fresh_redis_server: PrivateRedisFactory,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The scripts ring with redis.pcall: a ring the server refuses fails
+    # nothing, and every hand-off would wait for a poll without a word.
+    monkeypatch.setattr(doorbell, "_ringing_checked", set())
+    server = fresh_redis_server(["--rename-command", "PUBLISH", ""])
+    caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
+    holding, waiting = Redis.from_url(server.url), Redis.from_url(server.url)
+    try:
+        for name in ("no-publish-1", "no-publish-2"):
+            holder = FifoLock(holding, name, lease_ms=2000, poll_ms=500)
+            held = await holder.acquire()
+            waiter = asyncio.create_task(
+                FifoLock(waiting, name, lease_ms=2000, poll_ms=500).acquire(timeout=10)
+            )
+            await _queued(holder, 1)
+            await holder.release(held)
+            await FifoLock(waiting, name, lease_ms=2000, poll_ms=500).release(await waiter)
+    finally:
+        await holding.aclose()
+        await waiting.aclose()
+    told = [r.getMessage() for r in caplog.records if "PUBLISH" in r.getMessage()]
+    assert len(told) == 1 and "rename-command" in told[0], told
+
+
+async def test_the_publish_check_is_made_once_however_many_waits_start_together(
+    fresh_redis_server: PrivateRedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doorbell, "_ringing_checked", set())
+    server = fresh_redis_server()
+    holding, waiting = Redis.from_url(server.url), Redis.from_url(server.url)
+    names = [f"check-once-{i}" for i in range(20)]
+
+    async def every_group_polled() -> bool:
+        # A wait group polls first once its doorbell is subscribed and checked:
+        # 20 grants, 20 queued acquires, then 20 first polls.
+        stats = await holding.info("commandstats")
+        ran = sum(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0) for cmd in ("eval", "evalsha"))
+        return bool(ran >= 3 * len(names))
+
+    held = [await FifoLock(holding, name).acquire() for name in names]
+    waits = [asyncio.create_task(FifoLock(waiting, name).acquire()) for name in names]
+    try:
+        await until(every_group_polled, "every wait group polled")
+        stats = await holding.info("commandstats")
+        assert stats["cmdstat_publish"]["calls"] == 1, stats.get("cmdstat_publish")
+    finally:
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        for name, lease in zip(names, held, strict=True):
+            await FifoLock(holding, name).release(lease)
+        await holding.aclose()
+        await waiting.aclose()

@@ -100,6 +100,7 @@ def server(
     # earlier test's server on the same (reused) port and user must not stand
     # in for this one's.
     monkeypatch.setattr(doorbell, "_ringing_checked", set())
+    monkeypatch.setattr(doorbell, "_refusals_reported", set())
     private = fresh_redis_server()
     admin = Redis(host=private.host, port=private.port, decode_responses=True)
     try:
