@@ -73,6 +73,8 @@ async def _release_once(lock: FifoLock, lease: Lease) -> None:
     try:
         await within(lock.release(lease), RELEASE_TRY_S)
     except asyncio.TimeoutError:
+        if lease.released:
+            return  # the time ran out after Redis had answered (see FifoLock.release)
         raise RedisUnavailable(
             lock.name,
             f"releasing lease fence {lease.fence} got no reply within {RELEASE_TRY_S:g} s; "

@@ -558,6 +558,10 @@ class FifoLock:
             LockUsageError: ``lease`` belongs to another lock name, or to another
                 process (this one was forked while it was held); nothing is
                 changed in Redis then.
+
+        When the lock went to a waiter of this process, ``release`` lets that
+        waiter run before it returns, so a cancellation can reach it after the
+        release is done: ``lease.released`` tells, and releasing again is a no-op.
         """
         if not isinstance(lease, Lease) or lease.name != self.name:
             raise LockUsageError(
