@@ -71,7 +71,11 @@ def dump() -> None:
     (nothing if it recorded nothing)."""
     if _reader is None:
         return
-    data = _reader.get_metrics_data()
+    with _dumping:
+        _dump_to(Path(os.environ[ENV]), _reader.get_metrics_data())
+
+
+def _dump_to(folder: Path, data: Any) -> None:
     points = [
         {
             "metric": metric.name,
@@ -88,11 +92,9 @@ def dump() -> None:
     ]
     if not points:
         return
-    folder = Path(os.environ[ENV])
     temporary = folder / f".{os.getpid()}.json"
-    with _dumping:
-        temporary.write_text(json.dumps(points))
-        temporary.replace(folder / f"{os.getpid()}.json")
+    temporary.write_text(json.dumps(points))
+    temporary.replace(folder / f"{os.getpid()}.json")
 
 
 @dataclass
