@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 from redis.asyncio import Redis
 
-from redis_fifo_lock import FifoLock, LockError
+from redis_fifo_lock import FifoLock, LeaseLost, LockError
 from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.adversarial.faults import not_redis_server
 from tests.adversarial.scenarios import Context, run
@@ -37,7 +37,12 @@ async def test_a_released_lease_is_never_marked_lost(
         for _ in range(600):
             lease = await lock.acquire()
             await asyncio.sleep(rng.uniform(0.015, 0.06))  # the hold: ends near a renewal
-            await lock.release(lease)
+            try:
+                await lock.release(lease)
+            except LeaseLost:
+                # Lost while held (a 60 ms lease on a busy machine): said loudly,
+                # and not what this test is about - a loss after the release.
+                continue
             await asyncio.sleep(0.025)  # time for a stray renewal to come back
             if lease.lost:
                 spurious.append(lease.lost_reason)
