@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .errors import RedisUnavailable
@@ -81,6 +82,34 @@ async def _release_once(lock: FifoLock, lease: Lease) -> None:
             "the lease expires by itself within lease_ms. Give the client a "
             "socket_timeout to bound every call",
         ) from None
+
+
+async def release_when_cancelled(name: str, release: asyncio.Task[None]) -> None:
+    """For a ``hold()`` whose block was cancelled: wait for its ``release`` task
+    (a duty of the loop's hub, running ``release_retrying``) at most
+    ``RELEASE_TRY_S``, so that a cancelled caller (a loop's shutdown among
+    them) is not kept for every retry while Redis does not answer. The retries
+    go on in the background; a closing loop gives them at most its
+    ``CLOSING_S`` (``Hub.finish``), and a final failure is logged as a warning.
+
+    Raises:
+        What ``release_retrying`` raised, if it ended within that time.
+    """
+    done, _ = await asyncio.wait({release}, timeout=RELEASE_TRY_S)
+    if done:
+        release.result()
+        return
+    release.add_done_callback(partial(_report_late_failure, name))
+
+
+def _report_late_failure(name: str, release: asyncio.Task[None]) -> None:
+    if release.cancelled() or release.exception() is None:
+        return
+    log.warning(
+        "FIFO lock %r: the release of a cancelled hold() failed: %s",
+        name,
+        release.exception(),
+    )
 
 
 def attach_release_error(error: BaseException, failure: Exception, name: str) -> None:

@@ -42,7 +42,7 @@ from .errors import (
     RedisUnavailable,
 )
 from .holder import holder_description
-from .holding import attach_release_error, release_retrying
+from .holding import attach_release_error, release_retrying, release_when_cancelled
 from .lease import Lease, LockStatus
 from .protocol import (
     NOT_HELD,
@@ -257,7 +257,11 @@ class FifoLock:
         ``acquire``. Raises what ``acquire`` raises on entry, and on exit what
         ``release`` raises (``LeaseLost`` if the lease was lost while the block
         ran). A release that cannot reach Redis is tried again for about a
-        second (``holding.RELEASE_RETRY_PAUSES_S``) before it gives up.
+        second (``holding.RELEASE_RETRY_PAUSES_S``) before it gives up; each
+        try waits at most ``holding.RELEASE_TRY_S`` for its reply, so a server
+        that accepts connections but never answers keeps the caller about 5 s.
+        A cancelled block waits for the release's first try only; the retries
+        go on in the background (see ``holding.release_when_cancelled``).
 
         If the block raised, that exception propagates even when the release
         fails too: the release's exception is then attached to it as its
@@ -268,8 +272,12 @@ class FifoLock:
             with metrics.current(lease):
                 yield lease
         except BaseException as error:
+            release = self._release_owed(lease)
             try:
-                await asyncio.shield(self._release_owed(lease))
+                if isinstance(error, asyncio.CancelledError):
+                    await release_when_cancelled(self.name, release)
+                else:
+                    await asyncio.shield(release)
             except Exception as failure:
                 attach_release_error(error, failure, self.name)
             raise

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from redis.backoff import NoBackoff
 from redis_fifo_lock import FifoLock, LockError, RedisUnavailable
 from redis_fifo_lock.protocol import LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
+from redis_fifo_lock.waiting import CLOSING_S
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 
@@ -212,4 +214,42 @@ async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answe
     assert took < HANDOFF_BOUND_S, (
         f"the next waiter got the free lock {took:.1f} s after its release: the request "
         "abandoned during the silence was not withdrawn"
+    )
+
+
+# --- shutdown while Redis is silent --------------------------------------------------------
+
+
+def test_a_hold_cancelled_at_shutdown_keeps_asyncio_run_at_most_two_closing_bounds(
+    silence: Silence,
+) -> None:
+    """``asyncio.run`` cancels a task inside ``hold()`` as ``main`` returns, and Redis
+    does not answer. The cancelled hold waits for its release at most ``CLOSING_S``
+    (the release goes on as a duty of the hub), and the loop's close at most
+    ``CLOSING_S`` more: the thread that runs the loop is not kept for the release's
+    whole retry schedule (four tries of a second each, and their pauses)."""
+    entered = threading.Event()
+
+    async def main() -> None:
+        client = AsyncRedis.from_url(silence.url)  # redis-py's defaults, as users have them
+        lock = FifoLock(client, "shutdown", lease_ms=10_000, poll_ms=1000)
+        await warm_up(FifoLock(client, "warm-up"))
+
+        async def holding() -> None:
+            async with lock.hold(timeout=5):
+                entered.set()
+                await asyncio.Event().wait()
+
+        asyncio.get_running_loop().create_task(holding())
+        await asyncio.to_thread(entered.wait, 10)
+        silence.start()
+
+    started = time.monotonic()
+    asyncio.run(main())
+    took = time.monotonic() - started
+    assert entered.is_set()
+    bound = 2 * CLOSING_S + 1.0
+    assert took < bound, (
+        f"asyncio.run returned {took:.1f} s after main started ({silence.kind}): the "
+        f"hold cancelled at shutdown waited for its release's retries (bound {bound:g} s)"
     )
