@@ -73,6 +73,7 @@ class Renewal:
         self._lease = weakref.ref(lease)
         self._grant = (lease.token, lease.fence, lease.call)
         self.first_at = first_at
+        self.granted_at = time.monotonic()  # the grant's reply is in hand now
         self._hub = hub
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -157,6 +158,7 @@ class Renewal:
         interval = settings.renew_every_s
         next_at = self.first_at
         failure = "no reply"  # why the latest renewals failed, for the loss's reason
+        replied_at = self.granted_at  # when the latest reply (the grant's, at first) was read
         capped = False  # the last renewal was cut short by the max-hold deadline
         while True:
             lease = self._lease()
@@ -164,22 +166,14 @@ class Renewal:
                 return  # dropped: see _dropped
             # Never past the lease's own deadline: a retry pause after a failed
             # renewal must not let the lease lapse unnoticed (``wait_lost``).
-            pause = max(0.0, min(next_at, lease.expires_at) - time.monotonic())
+            due = min(next_at, lease.expires_at)
             del lease  # not kept while asleep: its holder may drop it
-            await asyncio.sleep(pause)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             lease = self._lease()
             if lease is None:
                 return
-            late = time.monotonic() - next_at
-            if late > settings.lease_ms / 3000:
-                log.warning(
-                    "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d); the "
-                    "event loop was blocked - raise lease_ms or stop blocking the loop",
-                    lock.name,
-                    late,
-                    settings.lease_ms,
-                )
             sent = time.monotonic()
+            self._warn_if_late(sent - max(due, replied_at), replied_at - due)
             if sent >= lease.expires_at:
                 self._lose(
                     f"max_hold_ms ({settings.max_hold_ms}) reached"
@@ -196,6 +190,7 @@ class Renewal:
                     max(RENEW_REPLY_FLOOR_S, lease.expires_at - sent),
                 )
             except (RedisUnavailable, asyncio.TimeoutError) as exc:
+                replied_at = time.monotonic()
                 if self._stopped or cancelling():
                     raise asyncio.CancelledError from None  # see below
                 # NotReplicated has no redis-py cause: its message says why.
@@ -214,10 +209,38 @@ class Renewal:
                     else "Redis refused the renewal: the lease expired or was taken"
                 )
                 return
+            replied_at = time.monotonic()
             lease.renewed(sent + pttl_ms / 1000)
             capped = pttl_ms < settings.lease_ms
             next_at = sent + min(interval, pttl_ms / 2000)
             del lease
+
+    def _warn_if_late(self, loop_late_s: float, reply_late_s: float) -> None:
+        """Warn if this renewal runs more than a third of a lease late, naming why:
+        it ran ``loop_late_s`` seconds after it was due and the reply before it
+        (the grant's, or the last renewal's) was read (the event loop ran
+        nothing meanwhile), or that reply was read ``reply_late_s`` seconds
+        after the renewal was due."""
+        lock = self.lock
+        bound_s = lock.settings.lease_ms / 3000
+        if loop_late_s > bound_s:
+            log.warning(
+                "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d); the "
+                "event loop was blocked - raise lease_ms or stop blocking the loop",
+                lock.name,
+                loop_late_s,
+                lock.settings.lease_ms,
+            )
+        elif reply_late_s > bound_s:
+            log.warning(
+                "FIFO lock %r: lease renewal ran %.1f s late (lease_ms is %d): the reply "
+                "to the grant or to the last renewal came that late (Redis or the "
+                "network slow, or this event loop busy) - check Redis's latency, or "
+                "raise lease_ms",
+                lock.name,
+                reply_late_s,
+                lock.settings.lease_ms,
+            )
 
     def _lose(self, reason: str) -> None:
         self._stopped = True  # nothing to release if it is dropped now
