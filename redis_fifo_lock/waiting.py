@@ -260,11 +260,13 @@ class WaitGroup:
 
         return await self.hub.run(self.hub.calls, send)
 
-    async def claim(self, token: str, ticket: int) -> ClaimReply:
-        """Run the claim script for request (token, ticket)."""
+    async def claim(self, token: str, ticket: int, call: str) -> ClaimReply:
+        """Run the claim script for request (token, ticket), made by ``call``."""
         return await self.hub.run(
             self.hub.calls,
-            lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
+            lambda client: self.protocol.claim(
+                client, self.keys, token, ticket, self.settings, call
+            ),
         )
 
     async def _poll_loop(self) -> None:

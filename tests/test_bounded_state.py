@@ -178,3 +178,42 @@ def test_a_process_using_a_new_event_loop_per_call_keeps_one_record_of_its_own(
         asyncio.run(use())
     entries = int(redis.zcard("fifolock:{loop-per-call}:finished"))
     assert entries <= 4, f"300 event loops of one process left {entries} entries"
+
+
+@pytest.mark.parametrize("told_by", ["release", "claim", "withdraw"])
+async def test_losses_told_to_their_process_leave_no_records(
+    redis: Redis, aredis: AsyncRedis, told_by: str
+) -> None:
+    """A loss recorded by another script (here: evictions) is kept until a
+    script tells its process (no floor may sweep it before: see
+    ``test_late_messages``); each way the process learns of it lets the record
+    go. 200 losses of one process must not leave 200 records."""
+    lock = FifoLock(aredis, f"told-{told_by}", **SETTINGS)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "told-session"
+    redis.zadd(keys.key("alive"), {session: 2**50})  # the process stays alive
+    for n in range(1, 201):
+        call = f"proc/{n:012x}"
+        holder = await lock.acquire(timeout=5) if told_by != "release" else None
+        _, ticket, _ = await protocol.acquire(
+            aredis, keys, "w", session, settings, call=call, floor=call
+        )
+        if holder is not None:
+            await lock.release(holder)  # w is granted now
+        fence = int(redis.hget(keys.key("lease"), "fence") or 0)
+        assert await lock.force_release(fence) == fence
+        if told_by == "release":
+            outcome, _ = await protocol.release(
+                aredis, keys, "w", fence, settings.keep_ms, call, session, call
+            )
+            assert outcome == -1
+        elif told_by == "claim":
+            reply = await protocol.claim(aredis, keys, "w", ticket, settings, call)
+            assert reply.grant is None and reply.queued_ticket is None
+        else:
+            await protocol.withdraw(
+                aredis, keys, "w", ticket, session, settings.keep_ms, call, call
+            )
+    finished = [m.decode() for m in redis.zrange(keys.key("finished"), 0, -1)]
+    mine = [m for m in finished if m.startswith("proc/")]
+    assert len(mine) <= 3, f"{len(mine)} records of the process's 200 told losses: {mine[:5]}"

@@ -21,7 +21,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout
 from redis_fifo_lock.holds import violations
-from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, LockKeys, PollReply
+from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, RELEASED, LockKeys, PollReply
 from redis_fifo_lock.waiting import WaitGroup, hub_for
 from tests.support.polling import until
 from tests.support.record import Record
@@ -463,3 +463,75 @@ async def test_a_malformed_ring_leaves_the_doorbell_ringing(
     waited = time.monotonic() - started
     await waiter.release(granted)
     assert waited < 2.0, f"the waiter was served {waited:.1f} s after the release"
+
+
+# --- late floors: a process's word about its requests, read after it changed ---------------
+
+
+async def test_a_floor_sent_while_a_request_waited_never_sweeps_its_later_loss(
+    aredis: AsyncRedis,
+) -> None:
+    """A process's request ``w`` waits in the queue (no call of it in flight), and
+    the process sends another acquire, whose floor passes ``w``. A copy of that
+    acquire reaches Redis late: after ``w`` was granted and evicted. Its floor
+    spoke of a moment when ``w`` had no record to sweep; read now, it must not
+    sweep ``w``'s loss, or ``w``'s release is told "already released" (a silent
+    overlap with the next holder) instead of LeaseLost."""
+    lock = FifoLock(aredis, "late-floor-loss", lease_ms=30_000, poll_ms=2500)
+    holder = await lock.acquire(timeout=5)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "late-floor-session"
+    waiting, later = "proc/000000000001", "proc/000000000002"
+    await protocol.acquire(aredis, keys, "w", session, settings, call=waiting, floor=waiting)
+    await aredis.zadd(keys.key("alive"), {session: 2**50})  # the process stays alive
+    await lock.release(holder)  # w is granted (its ring goes to a session nobody reads)
+    fence = int(await aredis.hget(keys.key("lease"), "fence") or 0)
+    assert await lock.force_release(fence) == fence, "w was not the holder"
+    # The later acquire's copy, sent while w waited, arrives only now.
+    await protocol.acquire(aredis, keys, "q", session, settings, call=later, floor=later)
+    outcome, _ = await protocol.release(
+        aredis, keys, "w", fence, settings.keep_ms, waiting, session, waiting
+    )
+    assert outcome == NOT_HELD, (
+        f"the evicted holder's release answered {outcome}, not NOT_HELD: the late floor "
+        "swept the record of its loss"
+    )
+
+
+async def test_a_floor_that_listed_a_request_as_held_read_after_its_release_changes_nothing(
+    aredis: AsyncRedis,
+) -> None:
+    """A process holds ``w`` and sends an acquire whose floor lists ``w`` as held;
+    that copy is delayed. ``w`` is released, and a later message of the process
+    (the same floor, ``w`` no longer listed) lets Redis drop ``w``'s record. When
+    the delayed copy arrives it must not make Redis take ``w`` for held again: a
+    re-sent copy of ``w``'s release would then be told NOT_HELD (a false
+    LeaseLost) instead of "already released"."""
+    lock = FifoLock(aredis, "late-floor-held", lease_ms=30_000, poll_ms=2500)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "late-held-session"
+    held, later = "proc/000000000001", "proc/000000000002"
+    grant, _, _ = await protocol.acquire(
+        aredis, keys, "w", session, settings, call=held, floor=held
+    )
+    assert grant is not None
+    delayed = {"call": later, "floor": f"{later}+{held.split('/')[1]}"}
+    outcome, _ = await protocol.release(
+        aredis, keys, "w", grant.fence, settings.keep_ms, held, session, held
+    )
+    assert outcome == RELEASED
+    # The acquire was answered through a retry, then given up: its withdrawal
+    # carries the floor without w, and w's record goes.
+    _, ticket, _ = await protocol.acquire(
+        aredis, keys, "q", session, settings, call=later, floor=later
+    )
+    await protocol.withdraw(aredis, keys, "q", ticket, session, settings.keep_ms, later, later)
+    with pytest.raises(LockError, match="already ended"):
+        await protocol.acquire(aredis, keys, "q", session, settings, **delayed)
+    outcome, _ = await protocol.release(
+        aredis, keys, "w", grant.fence, settings.keep_ms, held, session, held
+    )
+    assert outcome == ALREADY_RELEASED, (
+        f"a re-sent copy of a clean release answered {outcome}: the delayed floor made "
+        "Redis take the released request for held again"
+    )

@@ -58,9 +58,11 @@ async def test_an_uncontended_acquire_and_release_run_few_commands_in_redis(
     finally:
         await client.aclose()
         sync_client.close()
-    # 47 (acquire 29, release 18); 54 when the scripts re-read the floor, the
-    # lease and the counters they had just read or written.
-    assert per_cycle <= 47, per_cycle
+    # 47.5: acquire 29, release 18, and every other cycle a record swept by
+    # reading it first (a loss its process was not told of must stay); 54 when
+    # the scripts re-read the floor, the lease and the counters they had just
+    # read or written.
+    assert per_cycle <= 48, per_cycle
 
 
 async def test_a_hand_off_to_another_waiter_runs_few_commands_in_redis(

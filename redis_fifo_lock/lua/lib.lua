@@ -14,10 +14,11 @@
 --                     ended by a script (to notice that its lease expired)
 --   KEYS[6] finished  sorted set, every score 0, read by member (ZRANGEBYLEX):
 --                     "<call> <how>": the request made by acquire call <call>
---                     ended (ENDED_*); and per process "<process>/~ <floor> <ms>
---                     [+<held seq>...]": that process's floor (see advance),
---                     when (server ms) a script last spoke of it, and its held
---                     requests below the floor. Recognises a re-sent script.
+--                     ended (ENDED_*, or LOST_TOLD); and per process "<process>/~
+--                     <floor> <ms> [+<held seq>...]": that process's floor (see
+--                     advance), when (server ms) a script last spoke of it, and
+--                     its held requests below the floor. Recognises a re-sent
+--                     script.
 --
 -- A request is named by its token (the caller's, kept across retries) and the
 -- id of the acquire call that made it, or adopted it (a retry with the same
@@ -43,6 +44,11 @@ local K_COUNTERS, K_FINISHED = KEYS[5], KEYS[6]
 -- How a request ended, in its record in K_FINISHED.
 -- ENDED_SETTLED: below its session's floor, with no record of how.
 local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED, ENDED_SETTLED = 0, 1, 2, 3, 4
+-- The record of a loss once a script told its process (see told_lost); read
+-- as ENDED_LOST. A loss written as ENDED_LOST was made by another script (an
+-- expiry noticed, an eviction) and its process has not been told: no floor
+-- sweeps it (see advance), as a floor may have been sent before the grant.
+local LOST_TOLD = 5
 
 -- An integer as Redis stores it: tostring() would write 1.7e+15.
 local function int(n)
@@ -132,12 +138,48 @@ local function forget_silent(now, keep_ms)
     floors = {}
 end
 
+-- The record of how the request made by `call` ended, or nil.
+local function record_of(call)
+    return redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. call .. ' ', '[' .. call .. ' ~', 'LIMIT', 0, 1)[1]
+end
+
+-- The "+<seq>..." of `held` that Redis can vouch for: each one already held
+-- by the kept entry (`known`), the current or last grant (`holder_call`), or
+-- a request with a record. A copy of a message sent while a request was held,
+-- read after its release was answered and its record dropped, would list it
+-- as held again; its late release would then look lost.
+local function vouched(session, held, known)
+    local kept, holder_call = '', nil
+    for seq in string.gmatch(held, '%+(%x+)') do
+        local call = session .. '/' .. seq
+        if not known[seq] and holder_call == nil then
+            holder_call = redis.call('HGET', K_COUNTERS, 'holder_call') or false
+        end
+        if known[seq] or call == holder_call or record_of(call) then
+            kept = kept .. '+' .. seq
+        end
+    end
+    return kept
+end
+
+-- Remove the records of `session` in the lex range [from, to), but a loss its
+-- process was not told of.
+local function sweep(session, from, to)
+    for _, record in ipairs(redis.call('ZRANGEBYLEX', K_FINISHED, from, to)) do
+        if tonumber(string.match(record, ' (%d+)$')) ~= ENDED_LOST then
+            redis.call('ZREM', K_FINISHED, record)
+        end
+    end
+end
+
 -- The caller's process says, with `floor_id` ("<process>/<seq>", then
 -- "+<seq>" for each request below it that the process holds), that its
 -- other requests below that seq that are not queued or held have ended and
 -- been answered: their records go, and the floor is kept (it never goes
 -- down: a late copy carries an older one). The records of held requests stay
--- (a late release of one must still learn how it ended).
+-- (a late release of one must still learn how it ended), and so do losses
+-- not yet told to their process: the message may have been sent while the
+-- request waited in the queue, before it was granted and lost.
 -- A floor below the kept one leaves the kept one in place, but only its own
 -- message's word removes records: the kept floor's message may have passed a
 -- request that was queued then, and was granted and lost since; re-applying
@@ -151,6 +193,9 @@ local function advance(floor_id, now, keep_ms)
     if old and old[1] > floor then
         set_floor(session, old[1], now, old[3], old[5])
     else
+        if old and held ~= '' then
+            held = vouched(session, held, old[4])
+        end
         set_floor(session, floor, now, held, old and old[5])
     end
     if not old then
@@ -158,10 +203,10 @@ local function advance(floor_id, now, keep_ms)
     end
     local from = '[' .. session .. '/'
     for seq in string.gmatch(held, '%+(%x+)') do
-        redis.call('ZREMRANGEBYLEX', K_FINISHED, from, '(' .. session .. '/' .. seq)
+        sweep(session, from, '(' .. session .. '/' .. seq)
         from = '(' .. session .. '/' .. seq .. ' ~'
     end
-    redis.call('ZREMRANGEBYLEX', K_FINISHED, from, '(' .. session .. '/' .. floor)
+    sweep(session, from, '(' .. session .. '/' .. floor)
 end
 
 -- Record that the request made by `call` ended (ENDED_*). The record lives
@@ -176,12 +221,23 @@ local function finish(call, how, now)
     set_floor(session, floor and floor[1] or '0', now, floor and floor[3] or '', floor and floor[5])
 end
 
+-- The process of `call` is told (by the running script's reply) that its
+-- request was lost, if it was: from now on its floors may sweep the record.
+local function told_lost(call)
+    local record = call .. ' ' .. ENDED_LOST
+    if redis.call('ZSCORE', K_FINISHED, record) then
+        redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. LOST_TOLD)
+        redis.call('ZREM', K_FINISHED, record)
+    end
+end
+
 -- How the request made by `call` ended (ENDED_*), or nil if it did not (or too
 -- long ago to tell: its session has been silent for keep_ms).
 local function ended(call)
-    local record = redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. call .. ' ', '[' .. call .. ' ~', 'LIMIT', 0, 1)
-    if record[1] then
-        return tonumber(string.match(record[1], ' (%d+)$'))
+    local record = record_of(call)
+    if record then
+        local how = tonumber(string.match(record, ' (%d+)$'))
+        return how == LOST_TOLD and ENDED_LOST or how
     end
     local session, seq = split_call(call)
     local floor = session and floor_of(session)

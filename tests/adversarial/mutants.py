@@ -663,14 +663,26 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
-            "stale-floor-reapplied",
-            "a floor below the kept one re-applies the kept one's removals: records "
-            "written since (a request it saw queued, granted and lost after) go",
+            "untold-loss-swept",
+            "a floor sweeps every record below it, also a loss its process was not "
+            "told of: a floor sent while the request waited, read after its grant "
+            "was lost, turns the holder's LeaseLost into 'already released'",
             lua=(
                 _all(
-                    "        set_floor(session, old[1], now, old[3], old[5])\n",
-                    "        set_floor(session, old[1], now, old[3], old[5])\n"
-                    "        floor, held = old[1], old[3] -- MUTANT stale-floor-reapplied\n",
+                    "        if tonumber(string.match(record, ' (%d+)$')) ~= ENDED_LOST then\n",
+                    "        if true then -- MUTANT untold-loss-swept\n",
+                ),
+            ),
+        ),
+        Mutant(
+            "held-unvouched",
+            "a floor's held requests are taken as told, also one Redis has no grant "
+            "or record of: a copy sent during a hold, read after the release, makes a "
+            "re-sent release answer lease-lost",
+            lua=(
+                _all(
+                    "            held = vouched(session, held, old[4])\n",
+                    "            held = held -- MUTANT held-unvouched\n",
                 ),
             ),
         ),

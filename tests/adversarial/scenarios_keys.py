@@ -14,6 +14,7 @@ from tests.adversarial.arena import Arena
 from tests.adversarial.faults import KEY_PARTS
 from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
+from tests.support.replay import script_calls
 
 EVICTION_STEP_BYTES = 512
 """Size of each filler write that pushes the server past ``maxmemory``."""
@@ -224,16 +225,19 @@ async def max_hold(ctx: Context) -> Outcome:
 
 @scenario(
     "evicted-after-waiting",
-    kills=("stale-floor-reapplied",),
+    kills=("untold-loss-swept",),
     faults="force_release of a holder that had waited in the queue while a later "
-    "request of its process queued behind it; its release comes after the eviction",
+    "request of its process queued behind it; a copy of that later request's "
+    "acquire arrives again after the eviction; the holder's release comes last",
 )
 async def evicted_after_waiting(ctx: Context) -> Outcome:
     """The later request's acquire carried its process's floor, which passed the
     waiting request (neither held nor in flight then). The waiter is granted, an
-    operator evicts it, and its release - sent once its work is done, after the
-    eviction - must still learn that the lease was taken (LeaseLost), not be
-    told "already released"; the later request gets the lock."""
+    operator evicts it, and a copy of that acquire (a redis-py re-send held up
+    in the network) reaches Redis again. The waiter's release - sent once its
+    work is done, after all that - must still learn that the lease was taken
+    (LeaseLost), not be told "already released"; the later request gets the
+    lock."""
     server = ctx.servers()
     arena = Arena(ctx, server.url, "evicted-waiter")
     problems: list[str] = []
@@ -243,8 +247,12 @@ async def evicted_after_waiting(ctx: Context) -> Outcome:
         token_w = f"w-{ctx.rng.getrandbits(20):05x}"
         waiting = asyncio.create_task(actor_w.acquire(lock_w, token_w, Plan(0, timeout_s=10)))
         await arena.until(lambda: arena.queued(token_w), "w is queued")
-        later, token_x = arena.waiter("x", Plan(0.01, timeout_s=10))
-        await arena.until(lambda: arena.queued(token_x), "x is queued behind w")
+        with script_calls() as recorded:
+            later, token_x = arena.waiter("x", Plan(0.01, timeout_s=10))
+            await arena.until(lambda: arena.queued(token_x), "x is queued behind w")
+        copies = recorded.since(0, mentioning=token_x, script="acquire")
+        if not copies:
+            return outcome(ctx, "evicted-after-waiting", ["x's acquire was not captured"])
         await arena.leave(lock_h, actor_h, lease_h)
         lease_w = await waiting
         if lease_w is None:
@@ -252,6 +260,7 @@ async def evicted_after_waiting(ctx: Context) -> Outcome:
         actor_w.record.exit(lease_w)  # its work is done; its release is on its way
         arena.faults.fault("evict", "lease")
         await arena.lock(arena.admin).force_release(fence=lease_w.fence)
+        await copies[0].replay()  # its floor passes w, which holds nothing to sweep then
         released = await actor_w.release(lock_w, lease_w, Plan(0))
         if released != "leaselost":
             problems.append(f"the evicted holder's release gave {released!r}, expected LeaseLost")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from redis_fifo_lock.errors import LockUsageError
 from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, LoopThread, in_fresh_arena
@@ -272,6 +274,72 @@ async def _acquire_replayed(arena: Arena) -> list[str]:
     return problems
 
 
+async def _floor_after_loss(arena: Arena) -> list[str]:
+    """A process's request ``w`` waits; the process sends another acquire, whose
+    floor passes ``w`` (no call of it in flight). That copy arrives late: after
+    ``w`` was granted and evicted. ``w``'s release must still be told NOT_HELD
+    (LeaseLost), not "already released" (a silent overlap)."""
+    lock_h, actor_h, lease_h = await arena.enter("h")
+    protocol = getattr(lock_h._protocol, "inner", lock_h._protocol)
+    keys, settings, admin = lock_h.keys, lock_h.settings, arena.admin
+    process = f"zl{arena.ctx.rng.getrandbits(20):05x}"  # a stand-in process, no actor
+    waiting, later = f"{process}/000000000001", f"{process}/000000000002"
+    await protocol.acquire(admin, keys, "w", process, settings, call=waiting, floor=waiting)
+    await arena.leave(lock_h, actor_h, lease_h)  # w is granted
+    fence = int(await admin.hget(keys.key("lease"), "fence") or 0)
+    arena.faults.fault("evict", "lease")
+    if await arena.lock(admin).force_release(fence=fence) != fence:
+        raise NotStaged("w was not the holder when evicted")
+    grant, _, _ = await protocol.acquire(  # the late copy
+        admin, keys, "x", process, settings, call=later, floor=later
+    )
+    reply, _ = await protocol.release(
+        admin, keys, "w", fence, settings.keep_ms, waiting, process, waiting
+    )
+    if grant is not None:
+        await protocol.release(
+            admin, keys, "x", grant.fence, settings.keep_ms, later, process, later
+        )
+    if reply != -1:
+        return [
+            f"the evicted holder's release got {reply}, not NOT_HELD: a late floor swept "
+            "the record of its loss (a silent overlap)"
+        ]
+    return []
+
+
+async def _floor_after_release(arena: Arena) -> list[str]:
+    """A process holds ``w`` and sends an acquire whose floor lists ``w`` as held;
+    that copy is delayed. ``w`` is released and a later message of the process
+    lets Redis drop its record. When the delayed copy arrives it must not list
+    ``w`` as held again: a re-sent copy of ``w``'s release is "already released",
+    not NOT_HELD (a false LeaseLost)."""
+    lock = arena.lock(arena.admin)
+    protocol = getattr(lock._protocol, "inner", lock._protocol)
+    keys, settings, admin = lock.keys, lock.settings, arena.admin
+    process = f"zh{arena.ctx.rng.getrandbits(20):05x}"  # a stand-in process, no actor
+    held, later = f"{process}/000000000001", f"{process}/000000000002"
+    grant, _, _ = await protocol.acquire(admin, keys, "w", process, settings, call=held, floor=held)
+    if grant is None:
+        raise NotStaged("the lock was not free")
+    keep_ms = settings.keep_ms
+    await protocol.release(admin, keys, "w", grant.fence, keep_ms, held, process, held)
+    _, ticket, _ = await protocol.acquire(
+        admin, keys, "q", process, settings, call=later, floor=later
+    )
+    await protocol.withdraw(admin, keys, "q", ticket, process, keep_ms, later, later)
+    delayed = f"{later}+{held.split('/')[1]}"
+    with contextlib.suppress(LockUsageError):  # refused: its request ended
+        await protocol.acquire(admin, keys, "q", process, settings, call=later, floor=delayed)
+    reply, _ = await protocol.release(admin, keys, "w", grant.fence, keep_ms, held, process, held)
+    if reply != 0:
+        return [
+            f"a re-sent copy of a clean release got {reply}, not 'already released': a "
+            "delayed floor listed the released request as held again (a false LeaseLost)"
+        ]
+    return []
+
+
 async def _renew_replayed(arena: Arena) -> list[str]:
     """A renewal of a released lease, arriving late while the next holder is inside:
     Redis refuses it, and the new holder's lease is not touched."""
@@ -336,11 +404,15 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
         "withdraw-by-token-alone",
         "renew-no-owner-check",
         "floor-ignored",
+        "untold-loss-swept",
+        "held-unvouched",
     ),
     faults="a release re-sent after 80 other grants; a late acquire of a released request; "
     "a late renewal of a released lease; "
     "a late withdraw of a request that "
-    "joined again under the same token",
+    "joined again under the same token; "
+    "late floors: one sent while a request waited, read after its grant was evicted, "
+    "and one that listed a request as held, read after its release",
 )
 async def late_replays(ctx: Context) -> Outcome:
     """Late copies of a request's scripts change nothing: a re-sent release (the
@@ -354,6 +426,8 @@ async def late_replays(ctx: Context) -> Outcome:
         "acquire": _acquire_replayed,
         "renew": _renew_replayed,
         "withdraw": _withdraw_replayed,
+        "floor-after-loss": _floor_after_loss,
+        "floor-after-release": _floor_after_release,
     }
     for label, case in cases.items():
         for attempt in range(3):
