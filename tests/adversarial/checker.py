@@ -111,15 +111,6 @@ class Request:
         return min(ends, default=INF)
 
 
-STALE_HELD_FLOOR = "stale-held-floor"
-"""A known core bug (``check``'s ``known_bugs``): under late copies, a repeated
-release of a cleanly released lease can answer lease-lost (a false alarm, never
-a silent overlap). Likely path: a late copy of a message sent while the lease
-was held arrives after its release was answered and its record dropped, and
-lists the lease as held again in its process's floor entry. See README.md,
-"Known and not fixed"."""
-
-
 @dataclass
 class Report:
     """The checker's findings for one run."""
@@ -214,13 +205,11 @@ class LockHistory:
         faults: list[Fault],
         unexcused: frozenset[str] = frozenset(),
         learn_ms: float | None = None,
-        known_bugs: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
         self.faults = faults
         self.unexcused = unexcused
         self.learn_ms = learn_ms
-        self.known_bugs = known_bugs
         self.known: list[str] = []
         self.entries = len(lines)
         self.holds: list[TrackedHold] = []
@@ -436,17 +425,7 @@ class LockHistory:
             if hold.outcome.startswith("error") or "ResponseError" in hold.outcome:
                 found.append(f"{self.describe(hold)} on {self.name!r}: release -> {hold.outcome}")
             for repeat in hold.repeats:
-                if (
-                    repeat == "dup-leaselost"
-                    and hold.outcome == "ok"
-                    and STALE_HELD_FLOOR in self.known_bugs
-                    and self.any_fault(hold.entered_ns, INF)
-                ):
-                    self.known.append(
-                        f"{self.describe(hold)} on {self.name!r}: release repeated after "
-                        f"'ok' gave 'dup-leaselost' ({STALE_HELD_FLOOR})"
-                    )
-                elif repeat != "dup-ok" and not (
+                if repeat != "dup-ok" and not (
                     repeat == "dup-leaselost" and hold.outcome == "leaselost"
                 ):
                     found.append(
@@ -534,7 +513,6 @@ def check(
     recovery_ms: float | None = None,
     unexcused: frozenset[str] = frozenset(),
     learn_ms: float | None = None,
-    known_bugs: frozenset[str] = frozenset(),
 ) -> Report:
     """Check every lock recorded in ``run_dir``; see the module docstring.
 
@@ -547,9 +525,6 @@ def check(
         learn_ms: a fault excuses an overlap only if the holder it hit saw
             ``lease.lost`` within this many ms of the fault's end (None: any time
             while inside).
-        known_bugs: known core bugs (e.g. ``STALE_HELD_FLOOR``) whose findings,
-            where a fault could explain them, are reported as known, not as
-            violations.
     """
     fault_lines = read_lines(run_dir / FAULTS_FILE)
     faults = read_faults(fault_lines)
@@ -562,7 +537,7 @@ def check(
     for path in sorted(run_dir.glob("*.rec")):
         if path.name == FAULTS_FILE:
             continue
-        history = LockHistory(path.stem, read_lines(path), faults, unexcused, learn_ms, known_bugs)
+        history = LockHistory(path.stem, read_lines(path), faults, unexcused, learn_ms)
         report.entries += history.entries
         report.holds += len(history.holds)
         report.requests += len(history.requests)

@@ -39,7 +39,6 @@ from redis.asyncio import Redis
 from redis_fifo_lock import FifoLock
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena
-from tests.adversarial.checker import STALE_HELD_FLOOR
 from tests.adversarial.clients import StagedRedis
 from tests.adversarial.driver import ROOT
 from tests.adversarial.registry import LEASE_MS, Context, Outcome, outcome, scenario
@@ -145,15 +144,7 @@ async def proxy_late_copies(ctx: Context) -> Outcome:
             await arena.close()
     # Held bytes may cost a waiter its place (FIFO excused, as for a pause), but
     # never excuse an overlap: a holder must see lease.lost before Redis moves on.
-    # A late copy can also make a repeated release answer lease-lost: a known bug
-    # (STALE_HELD_FLOOR), reported as such, 2 runs in 8 on 2026-12-02.
-    return outcome(
-        ctx,
-        "proxy-late-copies",
-        problems,
-        unexcused=frozenset({"pause"}),
-        known_bugs=frozenset({STALE_HELD_FLOOR}),
-    )
+    return outcome(ctx, "proxy-late-copies", problems, unexcused=frozenset({"pause"}))
 
 
 # --- blocked-loop-grant -----------------------------------------------------------------

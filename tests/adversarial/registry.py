@@ -195,7 +195,6 @@ def outcome(
     recovery_ms: float | None = None,
     unexcused: frozenset[str] = frozenset(),
     learn_ms: float | None = None,
-    known_bugs: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Check the run's record (see ``checker.check`` for the options) into an ``Outcome``."""
     report = check(
@@ -204,6 +203,5 @@ def outcome(
         recovery_ms=recovery_ms,
         unexcused=unexcused,
         learn_ms=LEARN_MS if learn_ms is None else learn_ms,
-        known_bugs=known_bugs,
     )
     return Outcome(name, ctx.seed, report, problems)

@@ -48,6 +48,4 @@ async def test_the_real_lock_shows_no_violation_under_issue_11_faults(
     outcome = await run(name, contexts())
     RESULTS.add_real(outcome)
     print(outcome.summary())
-    for finding in outcome.report.known:
-        print(f"  known core bug: {finding}")
     assert outcome.violations == [], f"{outcome.summary()}\n{replay}"
