@@ -15,13 +15,21 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout
 from redis_fifo_lock.holds import violations
-from redis_fifo_lock.protocol import ALREADY_RELEASED, NOT_HELD, RELEASED, LockKeys, PollReply
+from redis_fifo_lock.protocol import (
+    ALREADY_RELEASED,
+    NOT_HELD,
+    RELEASED,
+    LockKeys,
+    PollReply,
+    Script,
+)
 from redis_fifo_lock.waiting import WaitGroup, hub_for
 from tests.support.polling import until
 from tests.support.record import Record
@@ -535,3 +543,38 @@ async def test_a_floor_that_listed_a_request_as_held_read_after_its_release_chan
         f"a re-sent copy of a clean release answered {outcome}: the delayed floor made "
         "Redis take the released request for held again"
     )
+
+
+async def test_a_release_whose_reply_was_lost_still_hands_over_to_a_waiter_of_its_process(
+    aredis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release hands the lock to a waiter of its own process in its reply (no
+    ring). When that reply is lost and redis-py re-sends the release, the copy
+    finds the lease already released: its reply must carry the hand-over too,
+    or the waiter learns of its grant only at its next poll."""
+    calls = ScriptCalls(monkeypatch)
+    lock = FifoLock(aredis, "resent-handover", lease_ms=30_000, poll_ms=10_000)
+    holder = await lock.acquire(timeout=5)
+    waiting = asyncio.create_task(lock.acquire(timeout=20, token="next"))
+    await until(lambda: queued(aredis, lock.keys, "next"), "next is queued")
+    # Its group's first poll is done: the next one is 10 s away.
+    await until(
+        lambda: any(call.script.filename == "poll.lua" for call in calls.calls),
+        "the waiter's group polled once",
+    )
+    original = Script.run
+
+    async def reply_lost(self: Script, client: Any, keys: list[str], args: list[Any]) -> Any:
+        if self.filename == "release.lua":
+            await original(self, client, keys, args)  # ran; its reply never arrived
+        return await original(self, client, keys, args)
+
+    monkeypatch.setattr(Script, "run", reply_lost)
+    released = time.monotonic()
+    await lock.release(holder)
+    done, _ = await asyncio.wait({waiting}, timeout=5)
+    monkeypatch.setattr(Script, "run", original)
+    assert done, "the waiter was not handed the lock within 5 s (its poll is every 10 s)"
+    took = time.monotonic() - released
+    await lock.release(waiting.result())
+    assert took < 2.0, f"the waiter got the lock {took:.1f} s after the release"

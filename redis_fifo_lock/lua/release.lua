@@ -11,7 +11,8 @@
 --         is returned, not rung (it hands over without a pub/sub hop)
 -- ARGV[7] floor: the releasing process's floor (see lib.lua)
 --
--- Returns {outcome} or, when the lock went to a waiter of `session`,
+-- Returns {outcome} or, when the lock went to a waiter of `session` (or, for
+-- a re-sent release, is held by a grant to `session`),
 -- {outcome, token, fence, ticket, pttl_ms, call, queued} (queued: requests still
 -- queued behind that grant, a count); outcome is:
 --    1  released (and handed off if anyone was waiting)
@@ -48,5 +49,16 @@ touch(keep_ms)
 if granted and granted[6] == session then
     return {result, granted[1], granted[2], granted[3], granted[4], granted[5],
         redis.call('ZCARD', K_QUEUE)}
+end
+if result == 0 then
+    -- A re-sent release: the first copy may have handed the lock to a waiter of
+    -- this process in a reply that never arrived (no ring was sent for it).
+    -- Hand the current grant of this process over again; the process wakes its
+    -- waiter if it still waits, and leaves a grant it already holds alone.
+    local lease = redis.call('HMGET', K_LEASE, 'token', 'fence', 'ticket', 'session', 'call')
+    if lease[4] == session then
+        return {result, lease[1], tonumber(lease[2]), tonumber(lease[3]),
+            redis.call('PTTL', K_LEASE), lease[5], redis.call('ZCARD', K_QUEUE)}
+    end
 end
 return {result}

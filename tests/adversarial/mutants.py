@@ -687,6 +687,18 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "resent-release-no-handover",
+            "a re-sent release answers 'already released' without the hand-over its "
+            "first copy made to a waiter of the same process (in a reply that was lost)",
+            lua=(
+                Substitution(
+                    ("release",),
+                    "if result == 0 then\n    -- A re-sent release",
+                    "if false then -- MUTANT resent-release-no-handover\n    -- A re-sent release",
+                ),
+            ),
+        ),
+        Mutant(
             "floor-ignored",
             "records below a session's floor are dropped, but a late copy of a call "
             "below the floor is not refused: it queues an ended request again",

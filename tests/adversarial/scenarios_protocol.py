@@ -448,6 +448,48 @@ class NotStaged(Exception):
     """A case's schedule did not come about (a race the lock is free to win); run it again."""
 
 
+RESENT_POLL_MS = 5000
+"""Polls of the resent-release-handover scenario: far longer than its bound."""
+
+
+@scenario(
+    "resent-release-handover",
+    kills=("resent-release-no-handover",),
+    faults="a release executed twice, its first reply lost (the hand-over to a waiter "
+    "of the same process was in it), after that waiter's first poll",
+)
+async def resent_release_handover(ctx: Context) -> Outcome:
+    """A holder and a waiter share a client (one process, one session). The
+    release hands the lock over in its reply, not by a ring; that reply is lost
+    and the release re-sent (every script runs twice, the second reply read).
+    The waiter must enter within a second, not at its next poll (5 s)."""
+    ctx.dup_exec = True
+    server = ctx.servers()
+    arena = Arena(
+        ctx, server.url, "resent-handover", lease_ms=4 * RESENT_POLL_MS, poll_ms=RESENT_POLL_MS
+    )
+    problems: list[str] = []
+    try:
+        lock, actor_h, lease = await arena.enter("h")
+        actor_w = Actor(arena.record, "w")
+        token = f"w-{ctx.rng.getrandbits(20):05x}"
+        with script_calls() as recorded:
+            waiting = asyncio.create_task(
+                actor_w.attempt(lock, token, Plan(0.01, timeout_s=4 * RESENT_POLL_MS / 1000))
+            )
+            await arena.until(lambda: arena.queued(token), "w is queued")
+            await arena.until(
+                lambda: any(call.script.filename == "poll.lua" for call in recorded.calls),
+                "w's group polled once (the next poll is 5 s away)",
+            )
+        await arena.leave(lock, actor_h, lease)
+        problems += await arena.served(waiting, token, 1.0)
+        problems += await arena.consistent()
+    finally:
+        await arena.close()
+    return outcome(ctx, "resent-release-handover", problems)
+
+
 ABANDON_LEASE_MS = 2000
 """Leases of the abandoned-requests scenario: a request left behind stalls the
 lock ~2 s, against a bound of ``ABANDON_BOUND_S``."""
