@@ -474,7 +474,7 @@ class FifoLock:
             return None  # its acquire has not replied: nothing to claim yet
         sent = time.monotonic()
         try:
-            reply = await _within(group.claim(waiter.token, waiter.ticket, waiter.call), deadline)
+            reply = await _within(group.claim(waiter.token, waiter.ticket), deadline)
         except asyncio.TimeoutError:
             await self._give_up(hub, group, waiter)
             raise self._timed_out(group, started, (deadline or started) - started) from None

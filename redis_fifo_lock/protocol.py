@@ -391,22 +391,15 @@ class Protocol:
         return None, int(reply[1]), int(reply[2])
 
     async def claim(
-        self,
-        client: AsyncClient,
-        keys: LockKeys,
-        token: str,
-        ticket: int,
-        settings: LockSettings,
-        call: str,
+        self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings
     ) -> ClaimReply:
-        """Check that request (token, ticket), made by acquire call ``call``, holds
-        the lock and re-arm its lease.
+        """Check that request (token, ticket) holds the lock and re-arm its lease.
 
         Raises:
             NotReplicated: (with ``replicas``) held, but the re-armed lease was not
                 acknowledged by enough replicas; the caller gives the grant back.
         """
-        args = (token, ticket, settings.lease_ms, settings.keep_ms, call)
+        args = (token, ticket, settings.lease_ms, settings.keep_ms)
         acked = 0
         if self.replicas:
             reply, acked = await self._call_acknowledged(client, keys, "claim", *args)

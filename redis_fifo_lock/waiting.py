@@ -260,13 +260,11 @@ class WaitGroup:
 
         return await self.hub.run(self.hub.calls, send)
 
-    async def claim(self, token: str, ticket: int, call: str) -> ClaimReply:
-        """Run the claim script for request (token, ticket), made by ``call``."""
+    async def claim(self, token: str, ticket: int) -> ClaimReply:
+        """Run the claim script for request (token, ticket)."""
         return await self.hub.run(
             self.hub.calls,
-            lambda client: self.protocol.claim(
-                client, self.keys, token, ticket, self.settings, call
-            ),
+            lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
         )
 
     async def _poll_loop(self) -> None:

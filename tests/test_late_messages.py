@@ -578,3 +578,40 @@ async def test_a_release_whose_reply_was_lost_still_hands_over_to_a_waiter_of_it
     took = time.monotonic() - released
     await lock.release(waiting.result())
     assert took < 2.0, f"the waiter got the lock {took:.1f} s after the release"
+
+
+@pytest.mark.parametrize("late_copy", ["acquire", "claim"])
+async def test_a_late_copy_of_the_lost_requests_own_call_does_not_unprotect_its_loss(
+    aredis: AsyncRedis, late_copy: str
+) -> None:
+    """As the late-floor case above, with one more late copy before the floor: the
+    lost request's own acquire (refused: it ended) or claim (not held). Nobody
+    reads their replies, so they tell its process nothing: the loss must stay
+    for the holder's release (found by an attack on a design that let such a
+    reply count as telling the process)."""
+    lock = FifoLock(aredis, "late-own-copy", lease_ms=30_000, poll_ms=2500)
+    holder = await lock.acquire(timeout=5)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "late-own-session"
+    waiting, later = "proc/000000000001", "proc/000000000002"
+    _, ticket, _ = await protocol.acquire(
+        aredis, keys, "w", session, settings, call=waiting, floor=waiting
+    )
+    await aredis.zadd(keys.key("alive"), {session: 2**50})
+    await lock.release(holder)
+    reply = await protocol.claim(aredis, keys, "w", ticket, settings)
+    assert reply.grant is not None, "w was not granted"
+    fence = reply.grant.fence
+    assert await lock.force_release(fence) == fence
+    if late_copy == "acquire":
+        with pytest.raises(LockError, match="already ended"):
+            await protocol.acquire(
+                aredis, keys, "w", session, settings, call=waiting, floor=waiting
+            )
+    else:
+        assert (await protocol.claim(aredis, keys, "w", ticket, settings)).grant is None
+    await protocol.acquire(aredis, keys, "q", session, settings, call=later, floor=later)
+    outcome, _ = await protocol.release(
+        aredis, keys, "w", fence, settings.keep_ms, waiting, session, waiting
+    )
+    assert outcome == NOT_HELD, f"the evicted holder's release answered {outcome}"

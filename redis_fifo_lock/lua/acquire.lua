@@ -47,9 +47,6 @@ local queued = tonumber(redis.call('ZSCORE', K_QUEUE, token))
 local queued_call = queued and (waiter_of(token) or {})[4]
 local how = held[4] ~= call and queued_call ~= call and ended(call)
 if how then
-    if how == ENDED_LOST then
-        told_lost(call)
-    end
     return {-1, how}
 end
 -- An earlier call of the process that made the request's current call is a

@@ -8,7 +8,6 @@
 -- ARGV[2] ticket of the request
 -- ARGV[3] lease_ms: new time to live in milliseconds
 -- ARGV[4] keep_ms: see acquire.lua
--- ARGV[5] call: id of the acquire call that made the request (see lib.lua)
 --
 -- Returns:
 --   {1, fence, ticket, pttl_ms, queued}
@@ -19,14 +18,10 @@
 --                                expired unclaimed, or it was dropped or ended)
 --   {-2}                         held by it, but the max-hold deadline has passed
 local token, ticket = ARGV[1], tonumber(ARGV[2])
-local lease_ms, keep_ms, call = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= ticket then
-    local queued = tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0
-    if queued == 0 then
-        told_lost(call)  -- its process joins the queue again with a new call
-    end
-    return {0, queued}
+    return {0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0}
 end
 local now = clock()
 local remaining = (tonumber(held[4]) or 0) - now

@@ -14,11 +14,11 @@
 --                     ended by a script (to notice that its lease expired)
 --   KEYS[6] finished  sorted set, every score 0, read by member (ZRANGEBYLEX):
 --                     "<call> <how>": the request made by acquire call <call>
---                     ended (ENDED_*, or LOST_TOLD); and per process "<process>/~
---                     <floor> <ms> [+<held seq>...]": that process's floor (see
---                     advance), when (server ms) a script last spoke of it, and
---                     its held requests below the floor. Recognises a re-sent
---                     script.
+--                     ended (ENDED_*; a loss also says when: "<call> 2 <ms>");
+--                     and per process "<process>/~ <floor> <ms> [+<held seq>...]":
+--                     that process's floor (see advance), when (server ms) a
+--                     script last spoke of it, and its held requests below the
+--                     floor. Recognises a re-sent script.
 --
 -- A request is named by its token (the caller's, kept across retries) and the
 -- id of the acquire call that made it, or adopted it (a retry with the same
@@ -44,11 +44,6 @@ local K_COUNTERS, K_FINISHED = KEYS[5], KEYS[6]
 -- How a request ended, in its record in K_FINISHED.
 -- ENDED_SETTLED: below its session's floor, with no record of how.
 local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED, ENDED_SETTLED = 0, 1, 2, 3, 4
--- The record of a loss once a script told its process (see told_lost); read
--- as ENDED_LOST. A loss written as ENDED_LOST was made by another script (an
--- expiry noticed, an eviction) and its process has not been told: no floor
--- sweeps it (see advance), as a floor may have been sent before the grant.
-local LOST_TOLD = 5
 
 -- An integer as Redis stores it: tostring() would write 1.7e+15.
 local function int(n)
@@ -162,11 +157,12 @@ local function vouched(session, held, known)
     return kept
 end
 
--- Remove the records of `session` in the lex range [from, to), but a loss its
--- process was not told of.
-local function sweep(session, from, to)
+-- Remove the records in the lex range [from, to), but a loss recorded less
+-- than keep_ms ago (see advance).
+local function sweep(from, to, now, keep_ms)
     for _, record in ipairs(redis.call('ZRANGEBYLEX', K_FINISHED, from, to)) do
-        if tonumber(string.match(record, ' (%d+)$')) ~= ENDED_LOST then
+        local lost_at = tonumber(string.match(record, '^%S+ %d+ (%d+)$'))
+        if not lost_at or lost_at < now - keep_ms then
             redis.call('ZREM', K_FINISHED, record)
         end
     end
@@ -177,9 +173,11 @@ end
 -- other requests below that seq that are not queued or held have ended and
 -- been answered: their records go, and the floor is kept (it never goes
 -- down: a late copy carries an older one). The records of held requests stay
--- (a late release of one must still learn how it ended), and so do losses
--- not yet told to their process: the message may have been sent while the
--- request waited in the queue, before it was granted and lost.
+-- (a late release of one must still learn how it ended), and so does a loss
+-- for keep_ms: the message may have been sent while the request waited in
+-- the queue, before it was granted and lost (a loss is recorded by another
+-- script, and its process, which holds the lease, may not know of it); a
+-- copy later than keep_ms is older than any client retry (see forget_silent).
 -- A floor below the kept one leaves the kept one in place, but only its own
 -- message's word removes records: the kept floor's message may have passed a
 -- request that was queued then, and was granted and lost since; re-applying
@@ -203,10 +201,10 @@ local function advance(floor_id, now, keep_ms)
     end
     local from = '[' .. session .. '/'
     for seq in string.gmatch(held, '%+(%x+)') do
-        sweep(session, from, '(' .. session .. '/' .. seq)
+        sweep(from, '(' .. session .. '/' .. seq, now, keep_ms)
         from = '(' .. session .. '/' .. seq .. ' ~'
     end
-    sweep(session, from, '(' .. session .. '/' .. floor)
+    sweep(from, '(' .. session .. '/' .. floor, now, keep_ms)
 end
 
 -- Record that the request made by `call` ended (ENDED_*). The record lives
@@ -216,19 +214,12 @@ local function finish(call, how, now)
     if not session then
         return
     end
+    if how == ENDED_LOST then
+        how = how .. ' ' .. int(now)  -- no floor sweeps it for keep_ms (see advance)
+    end
     redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)
     local floor = floor_of(session)
     set_floor(session, floor and floor[1] or '0', now, floor and floor[3] or '', floor and floor[5])
-end
-
--- The process of `call` is told (by the running script's reply) that its
--- request was lost, if it was: from now on its floors may sweep the record.
-local function told_lost(call)
-    local record = call .. ' ' .. ENDED_LOST
-    if redis.call('ZSCORE', K_FINISHED, record) then
-        redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. LOST_TOLD)
-        redis.call('ZREM', K_FINISHED, record)
-    end
 end
 
 -- How the request made by `call` ended (ENDED_*), or nil if it did not (or too
@@ -236,8 +227,7 @@ end
 local function ended(call)
     local record = record_of(call)
     if record then
-        local how = tonumber(string.match(record, ' (%d+)$'))
-        return how == LOST_TOLD and ENDED_LOST or how
+        return tonumber(string.match(record, '^%S+ (%d+)'))
     end
     local session, seq = split_call(call)
     local floor = session and floor_of(session)

@@ -42,9 +42,6 @@ else
     end
 end
 local granted = grant_next(now, now_us, doorbell, false, session)
-if result == -1 then
-    told_lost(call)  -- after grant_next, which may just have recorded the loss
-end
 touch(keep_ms)
 if granted and granted[6] == session then
     return {result, granted[1], granted[2], granted[3], granted[4], granted[5],

@@ -59,6 +59,5 @@ elseif ticket == 0 and not ended(call) then
     finish(call, ENDED_WITHDRAWN, now)
 end
 grant_next(now, now_us, doorbell, false, false)
-told_lost(call)  -- its process gives the request up: a loss of it is no news
 touch(keep_ms)
 return result

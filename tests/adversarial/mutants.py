@@ -663,14 +663,14 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
-            "untold-loss-swept",
-            "a floor sweeps every record below it, also a loss its process was not "
-            "told of: a floor sent while the request waited, read after its grant "
-            "was lost, turns the holder's LeaseLost into 'already released'",
+            "young-loss-swept",
+            "a floor sweeps every record below it, also a loss recorded a moment ago: "
+            "a floor sent while the request waited, read after its grant was lost, "
+            "turns the holder's LeaseLost into 'already released'",
             lua=(
                 _all(
-                    "        if tonumber(string.match(record, ' (%d+)$')) ~= ENDED_LOST then\n",
-                    "        if true then -- MUTANT untold-loss-swept\n",
+                    "        if not lost_at or lost_at < now - keep_ms then\n",
+                    "        if true then -- MUTANT young-loss-swept\n",
                 ),
             ),
         ),

@@ -225,7 +225,7 @@ async def max_hold(ctx: Context) -> Outcome:
 
 @scenario(
     "evicted-after-waiting",
-    kills=("untold-loss-swept",),
+    kills=("young-loss-swept",),
     faults="force_release of a holder that had waited in the queue while a later "
     "request of its process queued behind it; a copy of that later request's "
     "acquire arrives again after the eviction; the holder's release comes last",

@@ -404,7 +404,7 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
         "withdraw-by-token-alone",
         "renew-no-owner-check",
         "floor-ignored",
-        "untold-loss-swept",
+        "young-loss-swept",
         "held-unvouched",
     ),
     faults="a release re-sent after 80 other grants; a late acquire of a released request; "
