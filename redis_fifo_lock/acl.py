@@ -37,7 +37,6 @@ SCRIPT_COMMANDS = (
     "zrange",
     "zrangebylex",
     "zrem",
-    "zremrangebylex",
     "zremrangebyscore",
     "zscore",
     "publish",

@@ -615,3 +615,43 @@ async def test_a_late_copy_of_the_lost_requests_own_call_does_not_unprotect_its_
         aredis, keys, "w", fence, settings.keep_ms, waiting, session, waiting
     )
     assert outcome == NOT_HELD, f"the evicted holder's release answered {outcome}"
+
+
+async def test_a_floor_below_the_kept_one_never_sweeps_a_request_the_kept_one_lists_as_held(
+    aredis: AsyncRedis,
+) -> None:
+    """The kept floor (from a message sent during ``w``'s hold) lists ``w`` as held.
+    A late copy of an acquire sent while ``w`` still waited carries a lower
+    floor, above ``w``; arriving between ``w``'s release and redis-py's re-send
+    of it (its reply lost), it must not sweep ``w``'s record: the re-send is
+    "already released", not NOT_HELD (a false LeaseLost). Found by an attack."""
+    lock = FifoLock(aredis, "late-lower-floor", lease_ms=30_000, poll_ms=2500)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    session = "late-lower-session"
+    other = await lock.acquire(timeout=5)
+
+    def call(n: int) -> str:
+        return f"proc/{n:012x}"
+
+    _, ticket, _ = await protocol.acquire(
+        aredis, keys, "w", session, settings, call=call(1), floor=call(1)
+    )
+    await aredis.zadd(keys.key("alive"), {session: 2**50})
+    waited = {"call": call(3), "floor": call(3)}  # another task's acquire, while w waits
+    await protocol.acquire(aredis, keys, "q", session, settings, **waited)
+    await lock.release(other)  # w is granted
+    reply = await protocol.claim(aredis, keys, "w", ticket, settings)
+    assert reply.grant is not None
+    fence = reply.grant.fence
+    await protocol.acquire(  # sent during w's hold: the kept floor lists w as held
+        aredis, keys, "r", session, settings, call=call(5), floor=f"{call(5)}+{call(1)[-12:]}"
+    )
+    released, _ = await protocol.release(
+        aredis, keys, "w", fence, settings.keep_ms, call(1), session, call(1)
+    )
+    assert released == RELEASED
+    await protocol.acquire(aredis, keys, "q", session, settings, **waited)  # the late copy
+    outcome, _ = await protocol.release(
+        aredis, keys, "w", fence, settings.keep_ms, call(1), session, call(1)
+    )
+    assert outcome == ALREADY_RELEASED, f"redis-py's re-sent release answered {outcome}"

@@ -181,15 +181,22 @@ end
 -- A floor below the kept one leaves the kept one in place, but only its own
 -- message's word removes records: the kept floor's message may have passed a
 -- request that was queued then, and was granted and lost since; re-applying
--- it would drop that loss before the holder's release could learn of it.
+-- it would drop that loss before the holder's release could learn of it. Nor
+-- does it remove the records of requests the kept entry lists as held: the
+-- lower floor may be a late copy, sent before they were granted.
 local function advance(floor_id, now, keep_ms)
     local session, floor, held = string.match(floor_id, '^([^/%s]+)/(%x+)(.*)$')
     if not session then
         return
     end
     local old = floor_of(session)
+    local spared = {}  -- seq -> true: held, so its record stays
     if old and old[1] > floor then
+        -- The kept entry came from a newer message: what it holds stays held.
         set_floor(session, old[1], now, old[3], old[5])
+        for seq in pairs(old[4]) do
+            spared[seq] = true
+        end
     else
         if old and held ~= '' then
             held = vouched(session, held, old[4])
@@ -199,8 +206,18 @@ local function advance(floor_id, now, keep_ms)
     if not old then
         forget_silent(now, keep_ms)
     end
-    local from = '[' .. session .. '/'
     for seq in string.gmatch(held, '%+(%x+)') do
+        spared[seq] = true
+    end
+    local seqs = {}
+    for seq in pairs(spared) do
+        if seq < floor then
+            seqs[#seqs + 1] = seq
+        end
+    end
+    table.sort(seqs)
+    local from = '[' .. session .. '/'
+    for _, seq in ipairs(seqs) do
         sweep(from, '(' .. session .. '/' .. seq, now, keep_ms)
         from = '(' .. session .. '/' .. seq .. ' ~'
     end

@@ -699,6 +699,19 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "kept-held-swept",
+            "a floor below the kept one sweeps the records of requests the kept one "
+            "lists as held: a late copy sent before their grant makes a re-sent clean "
+            "release answer lease-lost",
+            lua=(
+                _all(
+                    "        for seq in pairs(old[4]) do\n            spared[seq] = true\n",
+                    "        for seq in pairs({}) do -- MUTANT kept-held-swept\n"
+                    "            spared[seq] = true\n",
+                ),
+            ),
+        ),
+        Mutant(
             "floor-ignored",
             "records below a session's floor are dropped, but a late copy of a call "
             "below the floor is not refused: it queues an ended request again",

@@ -340,6 +340,39 @@ async def _floor_after_release(arena: Arena) -> list[str]:
     return []
 
 
+async def _floor_below_kept(arena: Arena) -> list[str]:
+    """The kept floor lists ``w`` as held; a late copy of an acquire sent while ``w``
+    waited (a lower floor, above ``w``) arrives between ``w``'s release and its
+    re-send: the re-send is "already released", not NOT_HELD."""
+    lock_o, actor_o, lease_o = await arena.enter("o")
+    protocol = getattr(lock_o._protocol, "inner", lock_o._protocol)
+    keys, settings, admin = lock_o.keys, lock_o.settings, arena.admin
+    process = f"zk{arena.ctx.rng.getrandbits(20):05x}"  # a stand-in process, no actor
+    calls = [f"{process}/{n:012x}" for n in range(6)]
+    _, ticket, _ = await protocol.acquire(
+        admin, keys, "w", process, settings, call=calls[1], floor=calls[1]
+    )
+    await protocol.acquire(admin, keys, "q", process, settings, call=calls[3], floor=calls[3])
+    await arena.leave(lock_o, actor_o, lease_o)  # w is granted
+    reply = await protocol.claim(admin, keys, "w", ticket, settings)
+    if reply.grant is None:
+        raise NotStaged("w was not granted")
+    fence, keep_ms = reply.grant.fence, settings.keep_ms
+    during = f"{calls[5]}+{calls[1].split('/')[1]}"
+    await protocol.acquire(admin, keys, "r", process, settings, call=calls[5], floor=during)
+    await protocol.release(admin, keys, "w", fence, keep_ms, calls[1], process, calls[1])
+    await protocol.acquire(admin, keys, "q", process, settings, call=calls[3], floor=calls[3])
+    again, _ = await protocol.release(admin, keys, "w", fence, keep_ms, calls[1], process, calls[1])
+    for token, call in (("q", calls[3]), ("r", calls[5])):  # leave the lock free
+        await protocol.withdraw(admin, keys, token, 0, process, keep_ms, call, call)
+    if again != 0:
+        return [
+            f"a re-sent clean release got {again}, not 'already released': a lower, late "
+            "floor swept the record of a request the kept floor lists as held"
+        ]
+    return []
+
+
 async def _renew_replayed(arena: Arena) -> list[str]:
     """A renewal of a released lease, arriving late while the next holder is inside:
     Redis refuses it, and the new holder's lease is not touched."""
@@ -406,6 +439,7 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
         "floor-ignored",
         "young-loss-swept",
         "held-unvouched",
+        "kept-held-swept",
     ),
     faults="a release re-sent after 80 other grants; a late acquire of a released request; "
     "a late renewal of a released lease; "
@@ -428,6 +462,7 @@ async def late_replays(ctx: Context) -> Outcome:
         "withdraw": _withdraw_replayed,
         "floor-after-loss": _floor_after_loss,
         "floor-after-release": _floor_after_release,
+        "floor-below-kept": _floor_below_kept,
     }
     for label, case in cases.items():
         for attempt in range(3):
