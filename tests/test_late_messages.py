@@ -30,6 +30,7 @@ from redis_fifo_lock.protocol import (
     PollReply,
     Script,
 )
+from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import WaitGroup, hub_for
 from tests.support.polling import until
 from tests.support.record import Record
@@ -655,3 +656,36 @@ async def test_a_floor_below_the_kept_one_never_sweeps_a_request_the_kept_one_li
         aredis, keys, "w", fence, settings.keep_ms, call(1), session, call(1)
     )
     assert outcome == ALREADY_RELEASED, f"redis-py's re-sent release answered {outcome}"
+
+
+async def test_a_floor_that_passes_a_request_granted_meanwhile_never_makes_its_loss_settled(
+    aredis: AsyncRedis, clients: Callable[[], AsyncRedis]
+) -> None:
+    """A process's request ``w`` waits; Redis grants it (the ring or the claim's
+    reply is on its way) while another call of the process, whose floor passes
+    ``w`` (no call of it in flight, not held yet here), reaches Redis - in
+    order, not late. ``w``'s lease then runs out before any script notices. Its
+    release must be told NOT_HELD (LeaseLost: the holder worked past its
+    lease), not "already released" (the floor's word that ``w`` was settled),
+    which a repeat of it then contradicts. Found by ``proxy-late-copies``,
+    where it looked like a false alarm on the repeated release."""
+    lock = FifoLock(clients(), "granted-meanwhile", lease_ms=30_000, poll_ms=2500)
+    holder = await lock.acquire(timeout=5)
+    protocol, keys, settings = lock._protocol, lock.keys, lock.settings
+    short = LockSettings(lease_ms=300, poll_ms=100)
+    session = "granted-meanwhile-session"
+    waiting, later = "proc/000000000001", "proc/000000000002"
+    await protocol.acquire(aredis, keys, "w", session, short, call=waiting, floor=waiting)
+    await aredis.zadd(keys.key("alive"), {session: 2**50})
+    await lock.release(holder)  # w is granted, for 300 ms
+    fence = int(await aredis.hget(keys.key("lease"), "fence") or 0)
+    await protocol.acquire(aredis, keys, "q", session, settings, call=later, floor=later)
+    await until(lambda: _lease_gone(aredis, keys), "w's lease ran out", 5)
+    outcome, _ = await protocol.release(
+        aredis, keys, "w", fence, settings.keep_ms, waiting, session, waiting
+    )
+    assert outcome == NOT_HELD, f"the release of a lease that ran out answered {outcome}"
+
+
+async def _lease_gone(client: AsyncRedis, keys: LockKeys) -> bool:
+    return not await client.exists(keys.key("lease"))

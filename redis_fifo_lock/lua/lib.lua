@@ -249,6 +249,12 @@ local function ended(call)
     local session, seq = split_call(call)
     local floor = session and floor_of(session)
     if floor and seq < floor[1] and not floor[4][seq] then
+        -- Below its process's floor, but Redis granted it and no script ended
+        -- it: its lease ran out unnoticed (the callers look at the lease first).
+        -- The floor was sent before its process knew of the grant.
+        if redis.call('HGET', K_COUNTERS, 'holder_call') == call then
+            return ENDED_LOST
+        end
         return ENDED_SETTLED
     end
     return nil

@@ -712,6 +712,18 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "granted-taken-as-settled",
+            "a request below its process's floor counts as settled even when it is "
+            "the grant no script ended: the release of a lease that ran out, "
+            "composed before its process knew of the grant, answers 'already released'",
+            lua=(
+                _all(
+                    "        if redis.call('HGET', K_COUNTERS, 'holder_call') == call then\n",
+                    "        if false then -- MUTANT granted-taken-as-settled\n",
+                ),
+            ),
+        ),
+        Mutant(
             "floor-ignored",
             "records below a session's floor are dropped, but a late copy of a call "
             "below the floor is not refused: it queues an ended request again",

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from redis_fifo_lock.errors import LockUsageError
+from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, LoopThread, in_fresh_arena
@@ -373,6 +374,42 @@ async def _floor_below_kept(arena: Arena) -> list[str]:
     return []
 
 
+async def _floor_past_grant(arena: Arena) -> list[str]:
+    """A stand-in process's request ``w`` waits; Redis grants it while another call
+    of the process, whose floor passes ``w`` (composed before the process knew
+    of the grant), reaches Redis in order. ``w``'s short lease runs out before
+    any script notices: its release must be told NOT_HELD, not "already
+    released"."""
+    lock_h, actor_h, lease_h = await arena.enter("h")
+    protocol = getattr(lock_h._protocol, "inner", lock_h._protocol)
+    keys, settings, admin = lock_h.keys, lock_h.settings, arena.admin
+    short = LockSettings(lease_ms=200, poll_ms=100)
+    process = f"zg{arena.ctx.rng.getrandbits(20):05x}"  # a stand-in process, no actor
+    waiting, later = f"{process}/000000000001", f"{process}/000000000002"
+    await protocol.acquire(admin, keys, "w", process, short, call=waiting, floor=waiting)
+    await admin.zadd(keys.key("alive"), {process: 2**50})
+    await arena.leave(lock_h, actor_h, lease_h)  # w is granted, for 200 ms
+    fence = int(await admin.hget(keys.key("lease"), "fence") or 0)
+    await protocol.acquire(admin, keys, "q", process, settings, call=later, floor=later)
+    await arena.until(lambda: _lease_gone(arena), "w's lease ran out", 5)
+    reply, _ = await protocol.release(
+        admin, keys, "w", fence, settings.keep_ms, waiting, process, waiting
+    )
+    # Leave the lock free: q (granted by that release) gives it back.
+    await protocol.withdraw(admin, keys, "q", 0, process, settings.keep_ms, later, later)
+    await admin.zrem(keys.key("alive"), process)
+    if reply != -1:
+        return [
+            f"the release of a lease that ran out got {reply}, not NOT_HELD: a floor "
+            "composed before the grant made the lost request look settled"
+        ]
+    return []
+
+
+async def _lease_gone(arena: Arena) -> bool:
+    return not await arena.admin.exists(arena.keys.key("lease"))
+
+
 async def _renew_replayed(arena: Arena) -> list[str]:
     """A renewal of a released lease, arriving late while the next holder is inside:
     Redis refuses it, and the new holder's lease is not touched."""
@@ -440,6 +477,7 @@ async def _withdraw_replayed(arena: Arena) -> list[str]:
         "young-loss-swept",
         "held-unvouched",
         "kept-held-swept",
+        "granted-taken-as-settled",
     ),
     faults="a release re-sent after 80 other grants; a late acquire of a released request; "
     "a late renewal of a released lease; "
@@ -463,6 +501,7 @@ async def late_replays(ctx: Context) -> Outcome:
         "floor-after-loss": _floor_after_loss,
         "floor-after-release": _floor_after_release,
         "floor-below-kept": _floor_below_kept,
+        "floor-past-grant": _floor_past_grant,
     }
     for label, case in cases.items():
         for attempt in range(3):
