@@ -42,7 +42,8 @@ local K_QUEUE, K_WAITERS, K_ALIVE, K_LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_COUNTERS, K_FINISHED = KEYS[5], KEYS[6]
 
 -- How a request ended, in its record in K_FINISHED.
--- ENDED_SETTLED: below its session's floor, with no record of how.
+-- ENDED_SETTLED: below its session's floor, with no record of how (and not
+-- the grant no script ended: that one ran out, ENDED_LOST; see ended).
 local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED, ENDED_SETTLED = 0, 1, 2, 3, 4
 
 -- An integer as Redis stores it: tostring() would write 1.7e+15.

@@ -33,9 +33,9 @@ else
     -- A re-sent release. The first one may have been cut short after freeing
     -- the lock (a Redis Cluster slot migrating mid-script): the hand-off below
     -- then happens now, rather than at the next poll. Below its process's
-    -- floor (ENDED_SETTLED) the process had its answer already (a held lease
-    -- keeps the floor at or below its call): this copy is late, and nobody
-    -- reads its reply.
+    -- floor (ENDED_SETTLED) the process had its answer already: this copy is
+    -- late, and nobody reads its reply. (A grant no script ended is not
+    -- settled, whatever the floor says: its lease ran out, see ended.)
     local how = ended(call)
     if how == ENDED_RELEASED or how == ENDED_SETTLED then
         result = 0
