@@ -134,6 +134,12 @@ local function forget_silent(now, keep_ms)
     floors = {}
 end
 
+-- The call of the grant last made and not ended by a script (its lease is
+-- held, or ran out unnoticed), or false.
+local function unended_grant_call()
+    return redis.call('HGET', K_COUNTERS, 'holder_call') or false
+end
+
 -- The record of how the request made by `call` ended, or nil.
 local function record_of(call)
     return redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. call .. ' ', '[' .. call .. ' ~', 'LIMIT', 0, 1)[1]
@@ -149,7 +155,7 @@ local function vouched(session, held, known)
     for seq in string.gmatch(held, '%+(%x+)') do
         local call = session .. '/' .. seq
         if not known[seq] and holder_call == nil then
-            holder_call = redis.call('HGET', K_COUNTERS, 'holder_call') or false
+            holder_call = unended_grant_call()
         end
         if known[seq] or call == holder_call or record_of(call) then
             kept = kept .. '+' .. seq
@@ -253,7 +259,7 @@ local function ended(call)
         -- Below its process's floor, but Redis granted it and no script ended
         -- it: its lease ran out unnoticed (the callers look at the lease first).
         -- The floor was sent before its process knew of the grant.
-        if redis.call('HGET', K_COUNTERS, 'holder_call') == call then
+        if unended_grant_call() == call then
             return ENDED_LOST
         end
         return ENDED_SETTLED

@@ -722,7 +722,7 @@ MUTANTS: dict[str, Mutant] = {
             "composed before its process knew of the grant, answers 'already released'",
             lua=(
                 _all(
-                    "        if redis.call('HGET', K_COUNTERS, 'holder_call') == call then\n",
+                    "        if unended_grant_call() == call then\n",
                     "        if false then -- MUTANT granted-taken-as-settled\n",
                 ),
             ),
