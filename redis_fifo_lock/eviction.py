@@ -16,6 +16,7 @@ and threads of the process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -120,7 +121,7 @@ async def check_eviction_policy(
                 exc,
             )
         return
-    except (RedisError, RedisClusterException, OSError):
+    except (RedisError, RedisClusterException, OSError, asyncio.TimeoutError):
         with _guard:
             state.checked_at = previous  # not asked: the next use asks again
         return

@@ -13,14 +13,16 @@ only when enough replicas acknowledged it (``NotReplicated`` otherwise).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import re
 import secrets
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -36,9 +38,19 @@ from redis.exceptions import (
 
 from .errors import LockUsageError, NotReplicated, RedisUnavailable
 from .settings import LockSettings
+from .timeouts import within
 
 AsyncClient: TypeAlias = "Redis | RedisCluster"
 """The clients the lock runs on: one server (``Redis``) or a Redis Cluster."""
+
+CALL_TIMEOUT_S = 5.0
+"""Longest wait for Redis's reply to one script call, in seconds (plus
+``replica_wait_ms`` when the call waits for replicas), when the client has no
+``socket_timeout`` to bound it (redis-py before 8 has none by default;
+docs/performance.md advises none on Python < 3.12). A client's own
+``socket_timeout`` is left to bound its calls, as redis-py does."""
+
+T = TypeVar("T")
 
 _NON_LOCAL_KEY = "Script attempted to access a non local key"
 """Start of the error a Redis Cluster node raises inside a script that touches a
@@ -296,7 +308,9 @@ class Protocol:
 
     async def _call(self, client: AsyncClient, keys: LockKeys, script: str, *args: Any) -> Any:
         try:
-            return await self.scripts[script].run(client, keys.all, list(args))
+            return await bounded(client, self.scripts[script].run(client, keys.all, list(args)))
+        except asyncio.TimeoutError:
+            raise _silent(keys, script) from None
         except (AttributeError, RedisError, RedisClusterException) as exc:
             if isinstance(exc, AttributeError) and not isinstance(client, RedisCluster):
                 raise
@@ -315,9 +329,15 @@ class Protocol:
                 "follow the script on its connection there); use replicas=0",
             )
         try:
-            return await self.scripts[script].run_acknowledged(
-                client, keys.all, list(args), self.replicas, self.wait_ms
+            return await bounded(
+                client,
+                self.scripts[script].run_acknowledged(
+                    client, keys.all, list(args), self.replicas, self.wait_ms
+                ),
+                self.wait_ms / 1000,
             )
+        except asyncio.TimeoutError:
+            raise _silent(keys, script, self.wait_ms / 1000) from None
         except (RedisError, RedisClusterException) as exc:
             raise _unavailable(keys, script, exc, self.scripts[script].commands) from exc
 
@@ -535,6 +555,27 @@ class Protocol:
 
 
 PROTOCOL = Protocol()
+
+
+def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> Awaitable[T]:
+    """``call`` as redis-py bounds it, or within ``CALL_TIMEOUT_S`` (plus the
+    ``waiting_s`` Redis is asked to wait for replicas) when the client has no
+    ``socket_timeout`` (redis-py would wait for ever)."""
+    if isinstance(client, RedisCluster):
+        options = client.connection_kwargs
+    else:
+        options = getattr(client.connection_pool, "connection_kwargs", {})
+    return call if options.get("socket_timeout") else within(call, CALL_TIMEOUT_S + waiting_s)
+
+
+def _silent(keys: LockKeys, script: str, waiting_s: float = 0.0) -> RedisUnavailable:
+    """The ``RedisUnavailable`` for a ``script`` call that ``bounded`` gave up on."""
+    return RedisUnavailable(
+        keys.name,
+        f"Redis did not answer the {script} script within {CALL_TIMEOUT_S + waiting_s:g} s (the "
+        "client has no socket_timeout, so the lock bounds its calls itself); it may "
+        "have run: check that the server is reachable, and retry",
+    )
 
 
 def _unavailable(

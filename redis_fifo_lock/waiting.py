@@ -57,6 +57,7 @@ from .protocol import (
     LockKeys,
     PollReply,
     Protocol,
+    bounded,
     new_ring_key,
     ring_proof,
 )
@@ -698,7 +699,9 @@ class Hub:
         """Warn (naming lock ``name``) if the server may evict keys: see
         ``redis_fifo_lock.eviction.check_eviction_policy``."""
         await check_eviction_policy(
-            self.client, name, lambda: self.run(self.calls, eviction_policies)
+            self.client,
+            name,
+            lambda: self.run(self.calls, lambda client: bounded(client, eviction_policies(client))),
         )
 
 

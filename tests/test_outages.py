@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from redis_fifo_lock import FifoLock, LockError, RedisUnavailable
-from redis_fifo_lock.protocol import LockKeys
+from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from redis_fifo_lock.waiting import CLOSING_S
 from tests.conftest import FaultProxyFactory
@@ -215,6 +215,48 @@ async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answe
         f"the next waiter got the free lock {took:.1f} s after its release: the request "
         "abandoned during the silence was not withdrawn"
     )
+
+
+# --- a client with no socket_timeout ----------------------------------------------------
+
+
+async def test_every_call_is_bounded_by_the_lock_when_the_client_has_no_socket_timeout(
+    silence: Silence, clients: Callable[..., AsyncRedis]
+) -> None:
+    """redis-py before 8 has no socket timeout by default, and docs/performance.md
+    advises none on Python < 3.12: a silent server must still end a ``release``
+    (which has no timeout of its own), a ``status`` and an ``acquire`` without a
+    timeout with ``RedisUnavailable`` within ``CALL_TIMEOUT_S``, never hang them."""
+    settings = {"lease_ms": 60_000, "poll_ms": 30_000}
+    client = clients(silence.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    lock = FifoLock(client, "unbounded", **settings)
+    await warm_up(FifoLock(lock.client, "warm-up", **settings))
+    lease = await lock.acquire(timeout=5)
+    waiter = FifoLock(lock.client, "unbounded-waiter", **settings)
+    silence.start()
+    calls = {
+        "release": lock.release(lease),
+        "status": lock.status(),
+        "acquire": waiter.acquire(),
+    }
+    started = time.monotonic()
+    tasks = {name: asyncio.create_task(call) for name, call in calls.items()}
+    # The bound only keeps the test short; the tasks are judged below.
+    await asyncio.wait(tasks.values(), timeout=CALL_TIMEOUT_S + 5)
+    took = time.monotonic() - started
+    silence.end()
+    for task in tasks.values():
+        task.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    for name, task in tasks.items():
+        assert task.done() and not task.cancelled(), (
+            f"{name}() had not returned {took:.1f} s into the silence ({silence.kind}): a "
+            "client without socket_timeout left the call unbounded"
+        )
+        assert isinstance(task.exception(), RedisUnavailable), (
+            f"{name}() ended with {task.exception()!r} while the server was silent"
+        )
+    assert took < CALL_TIMEOUT_S + 2.0
 
 
 # --- shutdown while Redis is silent --------------------------------------------------------
