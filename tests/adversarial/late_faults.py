@@ -35,8 +35,11 @@ from typing import cast
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-from redis_fifo_lock import FifoLock
+from redis_fifo_lock import FifoLock, RedisUnavailable
+from redis_fifo_lock.protocol import CALL_TIMEOUT_S
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena
 from tests.adversarial.clients import StagedRedis
@@ -350,3 +353,52 @@ def _refused_by_acl(violation: str) -> bool:
     restricted = " r1." in violation or " r2." in violation or ", r1." in violation
     restricted = restricted or ", r2." in violation
     return restricted and "ResponseError" in violation
+
+
+# --- silent-without-socket-timeout ------------------------------------------------------
+
+
+@scenario(
+    "silent-without-socket-timeout",
+    kills=("call-unbounded",),
+    faults="a proxy that black-holes both directions, under a client with no "
+    "socket_timeout and no redis-py retries",
+)
+async def silent_without_socket_timeout(ctx: Context) -> Outcome:
+    """A holder's release, a status and a waiter's acquire without a timeout,
+    sent into a silence, each end with ``RedisUnavailable`` within the lock's own
+    call bound (``CALL_TIMEOUT_S``): nothing else bounds them on this client."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    with FaultProxy(host, server.port) as proxy:
+        client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+        try:
+            lock = FifoLock(client, "silent", lease_ms=60_000, poll_ms=30_000)
+            waiter = FifoLock(client, "silent-waiter", lease_ms=60_000, poll_ms=30_000)
+            await waiter.release(await waiter.acquire(timeout=5))  # scripts and checks done
+            lease = await lock.acquire(timeout=5)
+            proxy.hold("up")
+            proxy.hold("down")
+            calls = {
+                "release": lock.release(lease),
+                "status": lock.status(),
+                "acquire": waiter.acquire(),
+            }
+            tasks = {name: asyncio.create_task(call) for name, call in calls.items()}
+            await asyncio.wait(tasks.values(), timeout=CALL_TIMEOUT_S + 5)
+            proxy.release("up", deliver=False)
+            proxy.release("down", deliver=False)
+            proxy.reset()
+            for name, task in tasks.items():
+                if not task.done():
+                    problems.append(
+                        f"{name}() had not returned {CALL_TIMEOUT_S + 5:g} s into the silence"
+                    )
+                    task.cancel()
+                elif task.cancelled() or not isinstance(task.exception(), RedisUnavailable):
+                    problems.append(f"{name}() ended with {task!r}, not RedisUnavailable")
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        finally:
+            await client.aclose()
+    return outcome(ctx, "silent-without-socket-timeout", problems)

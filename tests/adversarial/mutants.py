@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import redis_fifo_lock.calls as calls_module
+import redis_fifo_lock.protocol as protocol_module
 import redis_fifo_lock.renewal as renewal_module
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
@@ -420,6 +421,12 @@ async def _swallowing_within(awaitable: Any, timeout_s: float) -> Any:
     return await asyncio.wait_for(awaitable, timeout_s)
 
 
+def _unbounded(client: AsyncClient, call: Any, waiting_s: float = 0.0) -> Any:
+    """MUTANT call-unbounded: a call waits as long as the client lets it (for
+    ever without a socket_timeout)."""
+    return call
+
+
 def _never_cancelling() -> bool:
     """MUTANT cancel-swallowed, part 2: a lost cancellation goes unnoticed."""
     return False
@@ -786,6 +793,12 @@ MUTANTS: dict[str, Mutant] = {
             "cancelled before they ran",
             hub_class=ForgetfulClosingHub,
             requires=((Hub.finish, "self._owed()"),),
+        ),
+        Mutant(
+            "call-unbounded",
+            "the lock leaves its calls to the client's socket_timeout, which a client may not have",
+            patches=((protocol_module, "bounded", _unbounded),),
+            requires=((Protocol._call, "await bounded("),),
         ),
         Mutant(
             "cancel-swallowed",
