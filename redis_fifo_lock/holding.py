@@ -79,8 +79,7 @@ async def _release_once(lock: FifoLock, lease: Lease) -> None:
         raise RedisUnavailable(
             lock.name,
             f"releasing lease fence {lease.fence} got no reply within {RELEASE_TRY_S:g} s; "
-            "the lease expires by itself within lease_ms. Give the client a "
-            "socket_timeout to bound every call",
+            "the lease expires by itself within lease_ms. Check that Redis is reachable",
         ) from None
 
 

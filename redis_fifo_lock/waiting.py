@@ -344,7 +344,9 @@ class WaitGroup:
                 lambda client: self.protocol.poll(client, self.keys, self.session, self.settings),
             )
         except RedisUnavailable as exc:
-            log.warning("FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause)
+            log.warning(
+                "FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause or exc.message
+            )
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
             return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)

@@ -17,6 +17,7 @@ users have them: the bound must come from the lock, not from the client.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -29,7 +30,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from redis_fifo_lock import FifoLock, LockError, RedisUnavailable
+from redis_fifo_lock import FifoLock, LockError, RedisUnavailable, protocol
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from redis_fifo_lock.waiting import CLOSING_S
@@ -257,6 +258,36 @@ async def test_every_call_is_bounded_by_the_lock_when_the_client_has_no_socket_t
             f"{name}() ended with {task.exception()!r} while the server was silent"
         )
     assert took < CALL_TIMEOUT_S + 2.0
+
+
+async def test_a_poll_cut_off_by_the_lock_s_own_bound_logs_why(
+    silence: Silence,
+    clients: Callable[..., AsyncRedis],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warning of a poll that the lock's call bound cut off says why (that
+    error has no redis-py cause to print), and the waiter is served afterwards."""
+    monkeypatch.setattr(protocol, "CALL_TIMEOUT_S", 0.5)  # the bound's length only
+    settings = {"lease_ms": 10_000, "poll_ms": 1000}
+    holder = FifoLock(clients(silence.server.url), "why", **settings)
+    client = clients(silence.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    lock = FifoLock(client, "why", **settings)
+    await warm_up(FifoLock(client, "warm-up", **settings))
+    lease_h = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(lock.acquire(timeout=30, token="waits"))
+    await until(lambda: _queued(holder.client, lock.keys, "waits"), "the waiter queued")
+    caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
+    silence.start()
+    polls = await until(
+        lambda: [r.getMessage() for r in caplog.records if "poll failed" in r.getMessage()],
+        "a poll failed during the silence",
+    )
+    silence.end()
+    assert not any(message.endswith(": None") for message in polls), polls
+    assert any("did not answer the poll script" in message for message in polls), polls
+    await holder.release(lease_h)
+    await lock.release(await asyncio.wait_for(waiting, 20))
 
 
 # --- shutdown while Redis is silent --------------------------------------------------------
