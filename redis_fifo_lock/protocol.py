@@ -558,9 +558,23 @@ PROTOCOL = Protocol()
 
 
 def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> Awaitable[T]:
-    """``call`` as redis-py bounds it, or within ``CALL_TIMEOUT_S`` (plus the
-    ``waiting_s`` Redis is asked to wait for replicas) when the client has no
-    ``socket_timeout`` (redis-py would wait for ever)."""
+    """``call``, a command or script sent on ``client``, bounded in time.
+
+    Args:
+        client: the ``Redis`` or ``RedisCluster`` client ``call`` runs on.
+        call: the awaitable to bound (not yet awaited).
+        waiting_s: seconds Redis is asked to wait within the call (``WAIT`` for
+            replicas), added to the bound; default 0.
+
+    Returns:
+        ``call`` itself when the client has a ``socket_timeout`` (redis-py
+        bounds it); else ``call`` bounded by ``CALL_TIMEOUT_S + waiting_s``
+        seconds, since redis-py would wait for ever.
+
+    Raises (when awaited):
+        asyncio.TimeoutError: the lock's bound ran out (``call`` was cancelled,
+            and redis-py dropped its connection).
+    """
     if isinstance(client, RedisCluster):
         options = client.connection_kwargs
     else:
