@@ -18,6 +18,7 @@ import copy
 import hashlib
 import re
 import secrets
+import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
@@ -47,8 +48,11 @@ CALL_TIMEOUT_S = 5.0
 """Longest wait for Redis's reply to one script call, in seconds (plus
 ``replica_wait_ms`` when the call waits for replicas), when the client has no
 ``socket_timeout`` to bound it (redis-py before 8 has none by default;
-docs/performance.md advises none on Python < 3.12). A client's own
-``socket_timeout`` is left to bound its calls, as redis-py does."""
+docs/performance.md advises none on Python 3.11). A client's own
+``socket_timeout`` is left to bound its calls, as redis-py does. Not applied
+on Python 3.10, where ``within`` runs the call in a task of its own, whose
+reply reaches the caller loop iterations later (the next holder then ran
+before a release returned, which a test of a blocked loop caught)."""
 
 T = TypeVar("T")
 
@@ -568,8 +572,9 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
 
     Returns:
         ``call`` itself when the client has a ``socket_timeout`` (redis-py
-        bounds it); else ``call`` bounded by ``CALL_TIMEOUT_S + waiting_s``
-        seconds, since redis-py would wait for ever.
+        bounds it) or on Python 3.10 (see ``CALL_TIMEOUT_S``); else ``call``
+        bounded by ``CALL_TIMEOUT_S + waiting_s`` seconds, since redis-py
+        would wait for ever.
 
     Raises (when awaited):
         asyncio.TimeoutError: the lock's bound ran out (``call`` was cancelled,
@@ -579,7 +584,9 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
         options = client.connection_kwargs
     else:
         options = getattr(client.connection_pool, "connection_kwargs", {})
-    return call if options.get("socket_timeout") else within(call, CALL_TIMEOUT_S + waiting_s)
+    if sys.version_info < (3, 11) or options.get("socket_timeout"):
+        return call
+    return within(call, CALL_TIMEOUT_S + waiting_s)
 
 
 def _silent(keys: LockKeys, script: str, waiting_s: float = 0.0) -> RedisUnavailable:
