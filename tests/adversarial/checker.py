@@ -9,7 +9,11 @@ It reads a run directory (``<lock>.rec`` per lock and ``faults.rec``, written by
    freeze, an event-loop stall, a server pause, eviction or deletion of the
    lease key, a restart, a hold past ``max_hold_ms``) before the overlap began
    *and* saw ``lease.lost`` set while still inside, within ``learn_ms`` of the
-   fault's end: loud failure.
+   fault's end: loud failure. After a fault that made the server forget the
+   lease (a restart, eviction, deletion), a holder that left within
+   ``renew_ms`` of the fault's end, before its next renewal could ask Redis,
+   may learn from its release instead (``LeaseLost``, within ``learn_ms``): it
+   could not have learned sooner.
 2. **Fences** strictly increase in entry order, also across lost keys, a
    FLUSHALL or a restart (fences are dated by the server's clock).
 3. **FIFO among live waiters** - when a request is granted, every request with
@@ -180,6 +184,16 @@ def lease_threat(fault: Fault) -> bool:
     return fault.kind in LEASE_THREATS
 
 
+def forgets_lease(fault: Fault) -> bool:
+    """Whether ``fault`` makes the server forget a lease with no sign to its holder
+    (a restart that lost every key, eviction, deletion of the lease key): the
+    holder's own clock still says it holds, so it can learn of the loss only at
+    its next call to Redis - a renewal, or its release."""
+    if fault.kind == "delete":
+        return "lease" in fault.detail.split(",")
+    return fault.kind in {"restart", "evict"}
+
+
 def liveness_threat(fault: Fault) -> bool:
     """Whether ``fault`` can cost a waiter its place or reorder the queue."""
     if fault.kind == "delete":
@@ -205,11 +219,13 @@ class LockHistory:
         faults: list[Fault],
         unexcused: frozenset[str] = frozenset(),
         learn_ms: float | None = None,
+        renew_ms: float | None = None,
     ) -> None:
         self.name = name
         self.faults = faults
         self.unexcused = unexcused
         self.learn_ms = learn_ms
+        self.renew_ms = renew_ms
         self.known: list[str] = []
         self.entries = len(lines)
         self.holds: list[TrackedHold] = []
@@ -296,13 +312,34 @@ class LockHistory:
         return False
 
     def learned_after(self, hold: TrackedHold, fault: Fault) -> bool:
-        """Whether ``hold`` saw ``lease.lost`` while inside, soon enough after ``fault``."""
-        if not self.learned(hold):
+        """Whether ``hold`` saw ``lease.lost`` while inside, soon enough after ``fault``.
+
+        After a fault that made the server forget the lease, a holder that left
+        within ``renew_ms`` of the fault's end (before its next renewal could
+        ask Redis) learns at its release (``LeaseLost``): as soon as any lease
+        lock could tell it, so that counts too, within the same ``learn_ms``.
+        """
+        if self.learned(hold):
+            told_ns = hold.lost_ns
+        elif self.told_at_release(hold, fault):
+            told_ns = hold.released
+        else:
             return False
         if self.learn_ms is None or fault.end == INF:
             return True
-        assert hold.lost_ns is not None
-        return hold.lost_ns <= fault.end + self.learn_ms * 1_000_000
+        assert told_ns is not None
+        return told_ns <= fault.end + self.learn_ms * 1_000_000
+
+    def told_at_release(self, hold: TrackedHold, fault: Fault) -> bool:
+        """Whether ``hold``'s release reported the loss that ``fault`` caused, the
+        holder having left before its next renewal after the fault could run."""
+        return (
+            self.renew_ms is not None
+            and forgets_lease(fault)
+            and hold.outcome == "leaselost"
+            and hold.exited_ns is not None
+            and hold.exited_ns <= fault.end + self.renew_ms * 1_000_000
+        )
 
     def learned(self, hold: TrackedHold) -> bool:
         """Whether ``hold`` saw ``lease.lost`` set while it was still inside."""
@@ -513,6 +550,7 @@ def check(
     recovery_ms: float | None = None,
     unexcused: frozenset[str] = frozenset(),
     learn_ms: float | None = None,
+    renew_ms: float | None = None,
 ) -> Report:
     """Check every lock recorded in ``run_dir``; see the module docstring.
 
@@ -525,6 +563,9 @@ def check(
         learn_ms: a fault excuses an overlap only if the holder it hit saw
             ``lease.lost`` within this many ms of the fault's end (None: any time
             while inside).
+        renew_ms: after a fault that made the server forget a lease, a holder
+            that left within this many ms of the fault's end may learn of the
+            loss from its release (None: only ``lease.lost`` while inside counts).
     """
     fault_lines = read_lines(run_dir / FAULTS_FILE)
     faults = read_faults(fault_lines)
@@ -537,7 +578,7 @@ def check(
     for path in sorted(run_dir.glob("*.rec")):
         if path.name == FAULTS_FILE:
             continue
-        history = LockHistory(path.stem, read_lines(path), faults, unexcused, learn_ms)
+        history = LockHistory(path.stem, read_lines(path), faults, unexcused, learn_ms, renew_ms)
         report.entries += history.entries
         report.holds += len(history.holds)
         report.requests += len(history.requests)

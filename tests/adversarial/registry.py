@@ -39,6 +39,10 @@ LAG_MS = LEASE_MS // 3
 LEARN_MS = LEASE_MS + 500
 """A holder hit by a fault must see ``lease.lost`` within this long of the fault's
 end: a lease at most, plus slack for a busy machine."""
+RENEW_MS = LEASE_MS // 3 + 200
+"""A holder's next renewal after a fault's end (one renewal interval, plus slack
+for a busy machine): a holder that left sooner after a fault that made the server
+forget its lease learns of the loss from its release."""
 
 
 @dataclass
@@ -203,5 +207,6 @@ def outcome(
         recovery_ms=recovery_ms,
         unexcused=unexcused,
         learn_ms=LEARN_MS if learn_ms is None else learn_ms,
+        renew_ms=RENEW_MS,
     )
     return Outcome(name, ctx.seed, report, problems)
