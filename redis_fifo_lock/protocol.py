@@ -18,7 +18,6 @@ import copy
 import hashlib
 import re
 import secrets
-import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
@@ -39,7 +38,7 @@ from redis.exceptions import (
 
 from .errors import LockUsageError, NotReplicated, RedisUnavailable
 from .settings import LockSettings
-from .timeouts import within
+from .timeouts import within_this_task
 
 AsyncClient: TypeAlias = "Redis | RedisCluster"
 """The clients the lock runs on: one server (``Redis``) or a Redis Cluster."""
@@ -48,11 +47,8 @@ CALL_TIMEOUT_S = 5.0
 """Longest wait for Redis's reply to one script call, in seconds (plus
 ``replica_wait_ms`` when the call waits for replicas), when the client has no
 ``socket_timeout`` to bound it (redis-py before 8 has none by default;
-docs/performance.md advises none on Python 3.11). A client's own
-``socket_timeout`` is left to bound its calls, as redis-py does. Not applied
-on Python 3.10, where ``within`` runs the call in a task of its own, whose
-reply reaches the caller loop iterations later (the next holder then ran
-before a release returned, which a test of a blocked loop caught)."""
+docs/performance.md advises none on Python < 3.12). A client's own
+``socket_timeout`` is left to bound its calls, as redis-py does."""
 
 T = TypeVar("T")
 
@@ -572,9 +568,10 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
 
     Returns:
         ``call`` itself when the client has a ``socket_timeout`` (redis-py
-        bounds it) or on Python 3.10 (see ``CALL_TIMEOUT_S``); else ``call``
-        bounded by ``CALL_TIMEOUT_S + waiting_s`` seconds, since redis-py
-        would wait for ever.
+        bounds it); else ``call`` bounded by ``CALL_TIMEOUT_S + waiting_s``
+        seconds, since redis-py would wait for ever. The bound runs in the
+        caller's task (``within_this_task``), so a reply reaches the caller as
+        soon as without it.
 
     Raises (when awaited):
         asyncio.TimeoutError: the lock's bound ran out (``call`` was cancelled,
@@ -584,9 +581,9 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
         options = client.connection_kwargs
     else:
         options = getattr(client.connection_pool, "connection_kwargs", {})
-    if sys.version_info < (3, 11) or options.get("socket_timeout"):
+    if options.get("socket_timeout"):
         return call
-    return within(call, CALL_TIMEOUT_S + waiting_s)
+    return within_this_task(call, CALL_TIMEOUT_S + waiting_s)
 
 
 def _silent(keys: LockKeys, script: str, waiting_s: float = 0.0) -> RedisUnavailable:
