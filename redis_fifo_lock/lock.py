@@ -149,9 +149,9 @@ class FifoLock:
             belongs to; or a ``LoopClients``, from which each call takes the
             running loop's client, so the lock works on any loop. (For threads
             and sync code use ``SyncFifoLock``.) Each call waits for Redis at
-            most the client's ``socket_timeout``, or 5 s when it has none
-            (``protocol.CALL_TIMEOUT_S``); ``socket_timeout=None`` is faster
-            on Python < 3.12 (docs/performance.md).
+            most the client's ``socket_timeout``, or on Python 3.11+ 5 s when
+            it has none (``protocol.CALL_TIMEOUT_S``); ``socket_timeout=None``
+            is faster on Python 3.11 (docs/performance.md).
         name: the lock's name (str): every process that uses the same name on
             the same server shares the lock. Required; see ``check_name``.
         lease_ms: milliseconds a grant survives without renewal (default

@@ -18,6 +18,7 @@ import copy
 import hashlib
 import re
 import secrets
+import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,7 +39,7 @@ from redis.exceptions import (
 
 from .errors import LockUsageError, NotReplicated, RedisUnavailable
 from .settings import LockSettings
-from .timeouts import within_this_task
+from .timeouts import within
 
 AsyncClient: TypeAlias = "Redis | RedisCluster"
 """The clients the lock runs on: one server (``Redis``) or a Redis Cluster."""
@@ -47,8 +48,14 @@ CALL_TIMEOUT_S = 5.0
 """Longest wait for Redis's reply to one script call, in seconds (plus
 ``replica_wait_ms`` when the call waits for replicas), when the client has no
 ``socket_timeout`` to bound it (redis-py before 8 has none by default;
-docs/performance.md advises none on Python < 3.12). A client's own
-``socket_timeout`` is left to bound its calls, as redis-py does."""
+docs/performance.md advises none on Python 3.11). A client's own
+``socket_timeout`` is left to bound its calls, as redis-py does. Not applied
+on Python 3.10, where ``within`` runs the call in a task of its own, whose
+reply reaches the caller loop iterations later (the next holder then ran
+before a release returned, which a test of a blocked loop caught); nor through
+``async_timeout`` in the caller's task, which on 3.10 turns a cancellation of
+the caller that lands as the bound runs out into a timeout: a waiter's claim
+or poll then retried, and a loop's shutdown waited for that waiter for ever."""
 
 T = TypeVar("T")
 
@@ -568,10 +575,9 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
 
     Returns:
         ``call`` itself when the client has a ``socket_timeout`` (redis-py
-        bounds it); else ``call`` bounded by ``CALL_TIMEOUT_S + waiting_s``
-        seconds, since redis-py would wait for ever. The bound runs in the
-        caller's task (``within_this_task``), so a reply reaches the caller as
-        soon as without it.
+        bounds it) or on Python 3.10 (see ``CALL_TIMEOUT_S``); else ``call``
+        bounded by ``CALL_TIMEOUT_S + waiting_s`` seconds, since redis-py
+        would wait for ever.
 
     Raises (when awaited):
         asyncio.TimeoutError: the lock's bound ran out (``call`` was cancelled,
@@ -581,9 +587,9 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
         options = client.connection_kwargs
     else:
         options = getattr(client.connection_pool, "connection_kwargs", {})
-    if options.get("socket_timeout"):
+    if sys.version_info < (3, 11) or options.get("socket_timeout"):
         return call
-    return within_this_task(call, CALL_TIMEOUT_S + waiting_s)
+    return within(call, CALL_TIMEOUT_S + waiting_s)
 
 
 def _silent(keys: LockKeys, script: str, waiting_s: float = 0.0) -> RedisUnavailable:

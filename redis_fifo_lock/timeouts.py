@@ -17,9 +17,6 @@ import sys
 from collections.abc import Awaitable
 from typing import TypeVar
 
-if sys.version_info < (3, 11):
-    import async_timeout
-
 T = TypeVar("T")
 
 
@@ -46,29 +43,6 @@ async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
         await asyncio.gather(task, return_exceptions=True)
         raise asyncio.TimeoutError
     return task.result()
-
-
-async def within_this_task(awaitable: Awaitable[T], timeout_s: float) -> T:
-    """Await ``awaitable`` for at most ``timeout_s`` seconds (float), in the
-    caller's own task on every Python: its result reaches the caller in the
-    same loop iteration as with no bound, which ``within``'s task on 3.10 does
-    not promise (a release there returned after the waiter it handed the lock
-    to had run).
-
-    On 3.10 this is ``async_timeout`` (a dependency of redis-py there), which
-    cannot tell the caller's cancellation from its own: a cancellation that
-    comes in the very loop iteration the bound runs out is raised as
-    ``asyncio.TimeoutError``. Use it for calls whose bound is long (seconds)
-    and whose timeout the caller turns into an error of its own.
-
-    Raises:
-        asyncio.TimeoutError: the time ran out (``awaitable`` was cancelled).
-        asyncio.CancelledError: the caller was cancelled (on 3.10, see above).
-    """
-    if sys.version_info >= (3, 11):
-        return await within(awaitable, timeout_s)
-    async with async_timeout.timeout(timeout_s):
-        return await awaitable
 
 
 def cancelling() -> bool:

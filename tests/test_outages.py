@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -39,6 +40,10 @@ from tests.support.polling import until
 
 pytestmark = pytest.mark.timeout(90)
 
+ON_3_11 = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="the lock bounds its own calls on Python 3.11+ only"
+)
+"""For the lock's own call bound (``protocol.CALL_TIMEOUT_S``)."""
 
 HANDOFF_BOUND_S = 1.5
 """A free lock reaches the next waiter within this long (a round trip, generously)."""
@@ -222,6 +227,7 @@ async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answe
 # --- a client with no socket_timeout ----------------------------------------------------
 
 
+@ON_3_11
 async def test_every_call_is_bounded_by_the_lock_when_the_client_has_no_socket_timeout(
     silence: Silence, clients: Callable[..., AsyncRedis]
 ) -> None:
@@ -261,6 +267,7 @@ async def test_every_call_is_bounded_by_the_lock_when_the_client_has_no_socket_t
     assert took < CALL_TIMEOUT_S + 2.0
 
 
+@ON_3_11
 async def test_a_poll_cut_off_by_the_lock_s_own_bound_logs_why(
     silence: Silence,
     clients: Callable[..., AsyncRedis],
