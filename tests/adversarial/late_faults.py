@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+import redis_fifo_lock.protocol as protocol_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S
 from tests.adversarial.actors import Plan
@@ -402,3 +403,86 @@ async def silent_without_socket_timeout(ctx: Context) -> Outcome:
         finally:
             await client.aclose()
     return outcome(ctx, "silent-without-socket-timeout", problems)
+
+
+# --- cancel-at-the-bound -----------------------------------------------------------------
+
+BOUND_S = 0.2
+"""The lock's call bound in ``cancel-at-the-bound`` (``CALL_TIMEOUT_S``, 5 s
+otherwise): short, so that many trials fit in a few seconds."""
+CANCEL_OFFSETS_MS = [offset / 10 for offset in range(-5, 26)]
+"""When each trial cancels its acquire: this many ms after the bound of its
+call, counted from the acquire's start, runs out. The bound starts a little
+after the acquire does, and a loop's timers fire up to a millisecond late, so
+the sweep covers the moment the bound fires from both sides."""
+
+
+@scenario(
+    "cancel-at-the-bound",
+    kills=("bound-eats-cancel",),
+    faults="a proxy that black-holes both directions, under a client with no "
+    "socket_timeout and no redis-py retries, and a cancellation of the acquire "
+    "swept across the moment the lock's call bound runs out",
+)
+async def cancel_at_the_bound(ctx: Context) -> Outcome:
+    """An acquire sent into a silence, cancelled near the moment the lock's own
+    bound of its call runs out: if the cancellation reached the task before it
+    ended, the task must end cancelled, never as an outage. A bound that takes
+    every cancellation at its expiry for its own (as ``async_timeout`` does on
+    Python 3.10) turned a cancelled waiter into a retrying one, which kept
+    ``asyncio.run`` from closing."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    loop = asyncio.get_running_loop()
+    clients: list[Redis] = []
+    saved = protocol_module.CALL_TIMEOUT_S
+    protocol_module.CALL_TIMEOUT_S = BOUND_S
+    try:
+        with FaultProxy(host, server.port) as proxy:
+            for trial, offset_ms in enumerate(CANCEL_OFFSETS_MS):
+                client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+                clients.append(client)
+                lock = FifoLock(client, f"bound-{trial}", lease_ms=60_000, poll_ms=30_000)
+                await lock.release(await lock.acquire(timeout=5))  # scripts and checks done
+                proxy.hold("up")
+                proxy.hold("down")
+                delivered: list[bool] = []
+
+                async def acquire(
+                    lock: FifoLock = lock,
+                    offset_ms: float = offset_ms,
+                    delivered: list[bool] = delivered,
+                ) -> object:
+                    task = asyncio.current_task()
+                    assert task is not None
+                    # Whether the cancellation reached the task before it ended.
+                    loop.call_at(
+                        loop.time() + BOUND_S + offset_ms / 1000,
+                        lambda: delivered.append(task.cancel()),
+                    )
+                    return await lock.acquire()
+
+                waiter = asyncio.create_task(acquire())
+                await asyncio.wait({waiter}, timeout=BOUND_S + 3)
+                proxy.release("up", deliver=False)
+                proxy.release("down", deliver=False)
+                proxy.reset()
+                if not waiter.done():
+                    problems.append(
+                        f"trial {trial}: an acquire cancelled {offset_ms:+.1f} ms after its "
+                        "call's bound ran out had not ended 3 s later"
+                    )
+                    waiter.cancel()
+                elif delivered == [True] and not waiter.cancelled():
+                    problems.append(
+                        f"trial {trial}: an acquire cancelled {offset_ms:+.1f} ms after its "
+                        f"call's bound ran out ended with {waiter!r}, not cancelled: the "
+                        "bound took the caller's cancellation for its own"
+                    )
+                await asyncio.gather(waiter, return_exceptions=True)
+    finally:
+        protocol_module.CALL_TIMEOUT_S = saved
+        for client in clients:
+            await client.aclose()
+    return outcome(ctx, "cancel-at-the-bound", problems)

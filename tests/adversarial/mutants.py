@@ -427,6 +427,36 @@ def _unbounded(client: AsyncClient, call: Any, waiting_s: float = 0.0) -> Any:
     return call
 
 
+def _cancel_eating_bound(client: AsyncClient, call: Any, waiting_s: float = 0.0) -> Any:
+    """MUTANT bound-eats-cancel: the lock bounds its calls with a timeout that
+    takes every cancellation it meets at its expiry for its own, as
+    ``async_timeout`` does on Python 3.10 (where a task cannot count them)."""
+    return _eat_cancel(call, protocol_module.CALL_TIMEOUT_S + waiting_s)
+
+
+async def _eat_cancel(call: Any, timeout_s: float) -> Any:
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(timeout_s, fire)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        while task.cancelling():  # the mutation: the caller's cancellation too
+            task.uncancel()
+        raise asyncio.TimeoutError from None
+    finally:
+        handle.cancel()
+
+
 def _never_cancelling() -> bool:
     """MUTANT cancel-swallowed, part 2: a lost cancellation goes unnoticed."""
     return False
@@ -798,6 +828,13 @@ MUTANTS: dict[str, Mutant] = {
             "call-unbounded",
             "the lock leaves its calls to the client's socket_timeout, which a client may not have",
             patches=((protocol_module, "bounded", _unbounded),),
+            requires=((Protocol._call, "await bounded("),),
+        ),
+        Mutant(
+            "bound-eats-cancel",
+            "the lock's call bound takes a cancellation of the caller that meets its "
+            "expiry for its own expiry (async_timeout on Python 3.10)",
+            patches=((protocol_module, "bounded", _cancel_eating_bound),),
             requires=((Protocol._call, "await bounded("),),
         ),
         Mutant(
