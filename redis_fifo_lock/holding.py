@@ -63,7 +63,7 @@ async def release_retrying(lock: FifoLock, lease: Lease) -> None:
                 "FIFO lock %r: releasing lease fence %d failed (%s); trying again in %.1f s",
                 lock.name,
                 lease.fence,
-                exc.cause or exc.message,
+                str(exc.cause or exc.message),
                 pause,
             )
         await asyncio.sleep(pause)

@@ -488,7 +488,7 @@ class FifoLock:
             log.warning(
                 "FIFO lock %r: could not claim a grant (%s); the next poll tries again",
                 self.name,
-                exc.cause or exc.message,
+                str(exc.cause or exc.message),
             )
             return None
         if reply.grant is not None:

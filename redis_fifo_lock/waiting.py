@@ -345,7 +345,9 @@ class WaitGroup:
             )
         except RedisUnavailable as exc:
             log.warning(
-                "FIFO lock %r: poll failed, retrying: %s", self.keys.name, exc.cause or exc.message
+                "FIFO lock %r: poll failed, retrying: %s",
+                self.keys.name,
+                str(exc.cause or exc.message),
             )
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
@@ -524,6 +526,9 @@ class Hub:
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
+            if self._client() is None:
+                self._drop_withdrawals()
+                return
             batch = list(self._withdrawals.items())
             results = await asyncio.gather(*(self._withdraw_one(w) for _, w in batch))
             for (key, withdrawal), done in zip(batch, results, strict=True):
@@ -534,6 +539,22 @@ class Hub:
                         withdrawal.done.set_result(None)
             if not all(results):
                 await asyncio.sleep(RETRY_AFTER_ERROR_S)
+
+    def _drop_withdrawals(self) -> None:
+        """The client was closed and dropped with withdrawals still owed: nothing
+        can be sent any more. The requests are skipped once this process stops
+        polling for them, or their grants expire unclaimed."""
+        log.warning(
+            "FIFO lock %r: the Redis client was dropped with %d withdrawal(s) still owed "
+            "(Redis did not answer); the requests are left to expire",
+            next(iter(self._withdrawals.values())).group.keys.name,
+            len(self._withdrawals),
+        )
+        for withdrawal in self._withdrawals.values():
+            call_ids().leave(withdrawal.group.keys, withdrawal.call)
+            if not withdrawal.done.done():
+                withdrawal.done.set_result(None)
+        self._withdrawals.clear()
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
@@ -580,7 +601,7 @@ class Hub:
                 "until Redis answers",
                 group.keys.name,
                 withdrawal.token,
-                exc.cause or exc.message,
+                str(exc.cause or exc.message),
                 RETRY_AFTER_ERROR_S,
             )
             return False

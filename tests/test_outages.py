@@ -17,12 +17,14 @@ users have them: the bound must come from the lock, not from the client.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -31,10 +33,10 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from redis_fifo_lock import FifoLock, LockError, RedisUnavailable, protocol
+from redis_fifo_lock import FifoLock, LockError, LockTimeout, RedisUnavailable, protocol
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
-from redis_fifo_lock.waiting import CLOSING_S
+from redis_fifo_lock.waiting import CLOSING_S, hub_for
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 
@@ -334,3 +336,45 @@ def test_a_hold_cancelled_at_shutdown_keeps_asyncio_run_at_most_two_closing_boun
         f"asyncio.run returned {took:.1f} s after main started ({silence.kind}): the "
         f"hold cancelled at shutdown waited for its release's retries (bound {bound:g} s)"
     )
+
+
+# --- a client dropped while the lock still owes Redis a withdrawal -------------------------
+
+
+async def test_a_client_dropped_while_a_withdrawal_is_owed_ends_the_withdrawals_quietly(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request given up while Redis is silent is withdrawn as soon as Redis
+    answers, by a task of the client's hub. If the caller closes and drops the
+    client first, nothing can be sent any more: that task ends, saying so,
+    rather than dying with "the Redis client of this hub was garbage-collected"
+    (which asyncio reports as "Task exception was never retrieved")."""
+    proxy = fault_proxy(redis_url)
+    holder = FifoLock(aredis, "dropped", lease_ms=7000, poll_ms=1000)
+    lease = await holder.acquire(timeout=5)
+    client = AsyncRedis.from_url(proxy.url, **no_retries())
+    lock = FifoLock(client, "dropped", lease_ms=7000, poll_ms=1000)
+    await lock.status()  # scripts loaded, the connection open
+    proxy.hold("up")
+    proxy.hold("down")
+    with pytest.raises(LockTimeout):
+        await lock.acquire(timeout=1, token="owed")
+    withdrawer = hub_for(client)._withdrawer  # retrying while Redis is silent
+    assert withdrawer is not None and not withdrawer.done()
+    caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
+    caplog.clear()  # the records so far hold the client, through their errors' tracebacks
+    await client.aclose()
+    dropped = weakref.ref(client)
+    del lock, client
+    # Collected once the withdrawal on its way (into the silence) gives up.
+    await until(lambda: gc.collect() >= 0 and dropped() is None, "the client collected")
+    await asyncio.wait({withdrawer}, timeout=5)
+    proxy.release("up", deliver=False)
+    proxy.release("down", deliver=False)
+    await holder.release(lease)
+    assert withdrawer.done(), "the withdrawals of a dropped client were retried for ever"
+    assert withdrawer.exception() is None, withdrawer.exception()
+    assert any("client was dropped" in r.getMessage() for r in caplog.records), caplog.text
