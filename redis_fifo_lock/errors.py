@@ -83,6 +83,14 @@ class RedisUnavailable(LockError):
         super().__init__(name, message)
         self.cause = cause
 
+    @property
+    def reason(self) -> str:
+        """Why, in a few words (str): the redis-py error's text, or this error's
+        message when it has no redis-py cause (a call the lock's own bound cut
+        off). Text, not the error: a log record that keeps it (a handler that
+        stores records) must not keep the connection its traceback reaches."""
+        return str(self.cause or self.message)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # The redis-py cause may hold a connection; it does not cross processes.
         return (type(self), self.args, dict(self.__dict__, cause=None))

@@ -63,7 +63,7 @@ async def release_retrying(lock: FifoLock, lease: Lease) -> None:
                 "FIFO lock %r: releasing lease fence %d failed (%s); trying again in %.1f s",
                 lock.name,
                 lease.fence,
-                str(exc.cause or exc.message),
+                exc.reason,
                 pause,
             )
         await asyncio.sleep(pause)

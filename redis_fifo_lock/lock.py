@@ -488,7 +488,7 @@ class FifoLock:
             log.warning(
                 "FIFO lock %r: could not claim a grant (%s); the next poll tries again",
                 self.name,
-                str(exc.cause or exc.message),
+                exc.reason,
             )
             return None
         if reply.grant is not None:

@@ -347,7 +347,7 @@ class WaitGroup:
             log.warning(
                 "FIFO lock %r: poll failed, retrying: %s",
                 self.keys.name,
-                str(exc.cause or exc.message),
+                exc.reason,
             )
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
@@ -385,6 +385,14 @@ class _Withdrawal:
     done: asyncio.Future[None]
     failures: int = 0
     sending: bool = False
+
+
+def _settle(withdrawal: _Withdrawal) -> None:
+    """``withdrawal`` is done with (sent, or given up): its call is no longer in
+    flight, and whoever waits for it goes on."""
+    call_ids().leave(withdrawal.group.keys, withdrawal.call)
+    if not withdrawal.done.done():
+        withdrawal.done.set_result(None)
 
 
 class Hub:
@@ -534,9 +542,7 @@ class Hub:
             for (key, withdrawal), done in zip(batch, results, strict=True):
                 if done and self._withdrawals.get(key) is withdrawal:
                     del self._withdrawals[key]
-                    call_ids().leave(withdrawal.group.keys, withdrawal.call)
-                    if not withdrawal.done.done():
-                        withdrawal.done.set_result(None)
+                    _settle(withdrawal)
             if not all(results):
                 await asyncio.sleep(RETRY_AFTER_ERROR_S)
 
@@ -551,9 +557,7 @@ class Hub:
             len(self._withdrawals),
         )
         for withdrawal in self._withdrawals.values():
-            call_ids().leave(withdrawal.group.keys, withdrawal.call)
-            if not withdrawal.done.done():
-                withdrawal.done.set_result(None)
+            _settle(withdrawal)
         self._withdrawals.clear()
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
@@ -601,7 +605,7 @@ class Hub:
                 "until Redis answers",
                 group.keys.name,
                 withdrawal.token,
-                str(exc.cause or exc.message),
+                exc.reason,
                 RETRY_AFTER_ERROR_S,
             )
             return False
