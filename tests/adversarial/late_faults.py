@@ -438,8 +438,8 @@ async def cancel_at_the_bound(ctx: Context) -> Outcome:
     clients: list[Redis] = []
     saved = protocol_module.CALL_TIMEOUT_S
     protocol_module.CALL_TIMEOUT_S = BOUND_S
-    try:
-        with FaultProxy(host, server.port) as proxy:
+    with FaultProxy(host, server.port) as proxy:
+        try:
             for trial, offset_ms in enumerate(CANCEL_OFFSETS_MS):
                 client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
                 clients.append(client)
@@ -481,8 +481,8 @@ async def cancel_at_the_bound(ctx: Context) -> Outcome:
                         "bound took the caller's cancellation for its own"
                     )
                 await asyncio.gather(waiter, return_exceptions=True)
-    finally:
-        protocol_module.CALL_TIMEOUT_S = saved
-        for client in clients:
-            await client.aclose()
+        finally:
+            protocol_module.CALL_TIMEOUT_S = saved
+            for client in clients:
+                await client.aclose()
     return outcome(ctx, "cancel-at-the-bound", problems)

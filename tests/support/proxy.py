@@ -327,13 +327,17 @@ class FaultProxy:
         link = _Link(writer, up_writer, pipes)
         self._links.add(link)
         for pipe in pipes.values():
-            link.tasks.append(asyncio.ensure_future(self._guarded(link, self._read(pipe))))
-            link.tasks.append(asyncio.ensure_future(self._guarded(link, self._write(pipe))))
+            link.tasks.append(asyncio.ensure_future(self._guarded(link, self._read, pipe)))
+            link.tasks.append(asyncio.ensure_future(self._guarded(link, self._write, pipe)))
 
-    async def _guarded(self, link: _Link, pump: Coroutine[Any, Any, None]) -> None:
-        """Run one pump; a connection error on either side closes the whole link."""
+    async def _guarded(
+        self, link: _Link, pump: Callable[[_Pipe], Coroutine[Any, Any, None]], pipe: _Pipe
+    ) -> None:
+        """Run one pump; a connection error on either side closes the whole link.
+        The pump's coroutine is made here, so a link reset before its tasks
+        first ran leaves no coroutine never awaited."""
         try:
-            await pump
+            await pump(pipe)
         except (OSError, asyncio.IncompleteReadError):
             self._drop(link, rst=True)
             return
