@@ -51,6 +51,7 @@ from .protocol import (
     Grant,
     LockKeys,
     Protocol,
+    RenewReply,
 )
 from .renewal import end_renewal, start_renewal
 from .settings import LockOptions, LockSettings, check_name, check_namespace, shown_value
@@ -541,9 +542,9 @@ class FifoLock:
         start_renewal(self, hub, lease, first_at)
         return lease
 
-    async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
+    async def _renew_once(self, hub: Hub, lease: Lease) -> RenewReply:
         """One renewal of ``lease`` (see ``redis_fifo_lock.renewal``), in ``hub``'s
-        urgent lane: (outcome, the lease's new time to live in ms)."""
+        urgent lane: Redis's answer."""
         return await hub.run(
             hub.urgent,
             lambda client: self._protocol.renew(

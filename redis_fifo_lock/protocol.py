@@ -230,6 +230,19 @@ class PollReply:
 
 
 @dataclass(frozen=True)
+class RenewReply:
+    """Redis's answer to a renewal: ``outcome`` (``RENEWED``, 0 when the lease
+    is not held by the holder any more, -2 past its max-hold deadline), the
+    lease's new time to live in ms (0 unless renewed), and the server's clock
+    when the script ran (``server_ms``, Unix ms: the clock Redis expires keys
+    by)."""
+
+    outcome: int
+    pttl_ms: int
+    server_ms: int
+
+
+@dataclass(frozen=True)
 class StatusReply:
     """Read-only snapshot of the lock's keys.
 
@@ -472,8 +485,8 @@ class Protocol:
 
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
-    ) -> tuple[int, int]:
-        """Renew (token, fence); returns (RENEWED|RENEW_REFUSED|MAX_HOLD_REACHED, pttl_ms).
+    ) -> RenewReply:
+        """Renew (token, fence); returns Redis's answer.
 
         Raises:
             NotReplicated: (with ``replicas``) renewed, but not acknowledged by
@@ -488,7 +501,7 @@ class Protocol:
         outcome = int(reply[0])
         if outcome == RENEWED and acked < self.replicas:
             raise self._not_replicated(keys, f"the renewal of fence {fence}", acked)
-        return outcome, int(reply[1]) if len(reply) > 1 else 0
+        return RenewReply(outcome, int(reply[1]), int(reply[2]))
 
     async def withdraw(
         self,

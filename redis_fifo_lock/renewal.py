@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .errors import RedisUnavailable
 from .loops import loop_context
 from .portal import is_portal_loop, portal
-from .protocol import RENEWED
+from .protocol import RENEWED, RenewReply
 from .timeouts import cancelling, within
 from .waiting import Hub, hub_for
 
@@ -40,6 +40,9 @@ RENEWAL_END_RECHECK_S = 0.02
 """Seconds between checks, after a release, that its cancelled renewal ended."""
 RENEWAL_END_WAIT_S = 1.0
 """Longest wait, in seconds, of a release for its cancelled renewal to end."""
+CLOCK_STEP_S = 0.25
+"""Margin, in seconds: a refused renewal is put down to a step of Redis's clock
+only if by this process's clock the lease still had this long to live."""
 
 
 def start_renewal(lock: FifoLock, hub: Hub, lease: Lease, first_at: float) -> None:
@@ -160,6 +163,7 @@ class Renewal:
         failure = "no reply"  # why the latest renewals failed, for the loss's reason
         replied_at = self.granted_at  # when the latest reply (the grant's, at first) was read
         capped = False  # the last renewal was cut short by the max-hold deadline
+        renewed: tuple[float, RenewReply] | None = None  # the last renewal: (sent, reply)
         while True:
             lease = self._lease()
             if lease is None:
@@ -185,7 +189,7 @@ class Renewal:
                 # Bounded by the lease's remaining life: a holder cut off from
                 # Redis must learn it lost the lock when the lease expires, not
                 # whenever the client's own timeouts give up.
-                outcome, pttl_ms = await within(
+                reply = await within(
                     lock._renew_once(self._hub, lease),
                     max(RENEW_REPLY_FLOOR_S, lease.expires_at - sent),
                 )
@@ -202,17 +206,19 @@ class Renewal:
                 # cancellation lost below (redis-py can swallow one): carrying
                 # on would keep a closing loop waiting for this task for ever.
                 raise asyncio.CancelledError
-            if outcome != RENEWED:
+            if reply.outcome != RENEWED:
                 self._lose(
                     f"max_hold_ms ({settings.max_hold_ms}) reached"
-                    if outcome != 0
+                    if reply.outcome != 0
                     else "Redis refused the renewal: the lease expired or was taken"
+                    + clock_step_note(renewed, reply.server_ms)
                 )
                 return
             replied_at = time.monotonic()
-            lease.renewed(sent + pttl_ms / 1000)
-            capped = pttl_ms < settings.lease_ms
-            next_at = sent + min(interval, pttl_ms / 2000)
+            renewed = (sent, reply)
+            lease.renewed(sent + reply.pttl_ms / 1000)
+            capped = reply.pttl_ms < settings.lease_ms
+            next_at = sent + min(interval, reply.pttl_ms / 2000)
             del lease
 
     def _warn_if_late(self, loop_late_s: float, reply_late_s: float) -> None:
@@ -248,6 +254,29 @@ class Renewal:
         if lease is not None and lease.lose(reason):
             name, fence = self.lock.name, lease.fence
             log.warning("FIFO lock %r: lease fence %d lost: %s", name, fence, reason)
+
+
+def clock_step_note(renewed: tuple[float, RenewReply] | None, server_ms: int) -> str:
+    """Why a refused renewal came, when Redis's clock says so: ``renewed`` is the
+    last successful renewal (``time.monotonic()`` when it was sent, and Redis's
+    reply), ``server_ms`` the server's clock at the refusal, whose reply is read
+    now. The note (else "") says that Redis's clock was stepped ahead when by
+    it the lease had run out since that renewal, and by this process's clock it
+    could not have, by over ``CLOCK_STEP_S``: Redis expires keys by its clock,
+    so the step ended the lease early."""
+    if renewed is None:
+        return ""
+    sent, reply = renewed
+    local_s = time.monotonic() - sent
+    server_s = (server_ms - reply.server_ms) / 1000
+    lease_s = reply.pttl_ms / 1000
+    if server_s < lease_s or local_s > lease_s - CLOCK_STEP_S:
+        return ""
+    return (
+        f" early: Redis's clock moved {server_s:.1f} s since the last renewal, this "
+        f"process's {local_s:.1f} s; the server's clock was stepped ahead, and Redis "
+        "expires keys by it - keep it synchronised by slewing (NTP), not stepping"
+    )
 
 
 async def end_renewal(task: asyncio.Task[None]) -> None:

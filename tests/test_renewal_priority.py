@@ -9,6 +9,14 @@ The issue saw the loss with a 1.5 s lease; this test uses 3 s, which the
 renewal that shares their lane is lost (checked by hand), while a 1.5 s lease
 also fails on a loaded run for a reason no lane can help: a full garbage
 collection of 20,000 waiting tasks stalls the loop itself for a second.
+
+Redis expires the lease by its wall clock, and the test's server runs on this
+machine: a step of the machine's wall clock during the hold (a virtual machine
+resumed, its clock corrected) ends any lease, whatever the lanes do. The test
+reads the step (the wall clock against the monotonic one) and is skipped, not
+failed, when a lost lease is explained by it. (A CI run lost the lease with
+no renewal late and Redis refusing the next one; stepping the clock 5 s
+forward during a hold gives exactly that.)
 """
 
 from __future__ import annotations
@@ -34,6 +42,14 @@ WAITERS = 20_000
 BATCH = 500
 BATCH_PAUSE_S = 0.05
 SETTINGS = {"lease_ms": 3000, "poll_ms": 1500}
+CLOCK_STEP_S = 0.5
+"""A change of the wall clock against the monotonic one, in seconds, taken as a step."""
+
+
+def wall_clock_offset_s() -> float:
+    """The wall clock minus the monotonic clock, in seconds: constant unless the
+    wall clock is stepped (or slewed, by far less than ``CLOCK_STEP_S`` here)."""
+    return time.time() - time.monotonic()
 
 
 async def test_a_holder_keeps_its_lease_with_twenty_thousand_waiters_queued_in_its_process(
@@ -42,6 +58,7 @@ async def test_a_holder_keeps_its_lease_with_twenty_thousand_waiters_queued_in_i
     server = fresh_redis_server()  # its own: shut down at the end to end 20,000 waits fast
     client = AsyncRedis.from_url(server.url, retry=Retry(NoBackoff(), 0))
     holder = FifoLock(client, "crowded", **SETTINGS)
+    offset_s = wall_clock_offset_s()
     lease = await holder.acquire(timeout=5)
     waiters: list[asyncio.Task[object]] = []
     # They arrive in batches spread over about two seconds, as a crowd does:
@@ -58,6 +75,9 @@ async def test_a_holder_keeps_its_lease_with_twenty_thousand_waiters_queued_in_i
         hold_s = 3 * SETTINGS["lease_ms"] / 1000
         await asyncio.wait({lost}, timeout=hold_s)  # the hold: three lease lengths
         lost.cancel()
+        step_s = wall_clock_offset_s() - offset_s
+        if lease.lost and abs(step_s) > CLOCK_STEP_S:
+            pytest.skip(f"the wall clock stepped {step_s:+.1f} s: Redis expired the lease by it")
         assert not lease.lost, (
             f"the holder lost its lease within {hold_s:g} s while {WAITERS} waiters of its "
             f"process were queued: {lease.lost_reason}"

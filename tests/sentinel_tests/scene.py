@@ -32,6 +32,11 @@ from tests.support.sentinel import PrivateSentinelSetup, replica_synced
 NAME = "failover"
 RETRY_S = 0.2
 """Pause before a participant retries a call that Redis could not serve."""
+FAILOVER_WAIT_S = 60.0
+"""Longest wait, in seconds, for each step of a failover. A jump of the wall
+clock (this VM paused and its clock set right on resume) puts the sentinels in
+TILT mode for 30 s, in which they neither promote nor demote; demoting the old
+master waits 8 s more after that. A CI run's failover stalled so."""
 
 CLIENT_OPTIONS: dict[str, object] = {
     "socket_timeout": 1.0,
@@ -127,7 +132,7 @@ async def wait_for_new_master(setup: PrivateSentinelSetup, old: tuple[str, int])
     async def moved() -> bool:
         return await asyncio.to_thread(setup.master_address) != old
 
-    await until(moved, "the sentinels promoted the replica")
+    await until(moved, "the sentinels promoted the replica", FAILOVER_WAIT_S)
     return time.monotonic()
 
 
@@ -137,7 +142,7 @@ async def wait_for_replica(server: PrivateRedis) -> None:
     async def check() -> bool:
         return await asyncio.to_thread(replica_synced, server)
 
-    await until(check, f"the server on port {server.port} is a replica in sync")
+    await until(check, f"the server on port {server.port} is a replica in sync", FAILOVER_WAIT_S)
 
 
 def overlaps(holds: list[Hold]) -> list[str]:
