@@ -132,3 +132,10 @@ class LockUsageError(LockError, RuntimeError):
     For example releasing a lease that belongs to another lock, or calling the
     sync facade from its own event-loop thread. The message says what to do.
     """
+
+
+class ClientDropped(RuntimeError):
+    """Internal: the Redis client behind a hub or its doorbell was
+    garbage-collected, so nothing can be sent through it any more (every lock
+    and lease using it was dropped with it). The background work that meets it
+    (withdrawals, polls) ends quietly; it never reaches a caller."""

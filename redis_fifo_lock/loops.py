@@ -143,7 +143,12 @@ def _close_with(loop: asyncio.AbstractEventLoop) -> None:
                 context = _contexts.get(loop)
         try:
             if context is not None and context.pid == os.getpid() and context.owns_anything:
-                loop.run_until_complete(context.aclose())
+                closing = context.aclose()
+                try:
+                    loop.run_until_complete(closing)
+                except BaseException:
+                    closing.close()  # never ran (another loop runs here): left to GC
+                    raise
         finally:
             if context is not None:
                 with _guard:

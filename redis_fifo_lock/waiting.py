@@ -46,7 +46,7 @@ from .doorbell import (
     drop_ringing_check,
     report_refusal,
 )
-from .errors import LockUsageError, RedisUnavailable
+from .errors import ClientDropped, LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
 from .loops import loop_context
 from .protocol import (
@@ -269,9 +269,10 @@ class WaitGroup:
         )
 
     async def _poll_loop(self) -> None:
-        watching = await self._watch()
-        delay = 0.0
+        watching = False
         try:
+            watching = await self._watch()
+            delay = 0.0
             while True:
                 if not self.waiters:
                     # Checked and closed with no await in between: a waiter that
@@ -288,6 +289,10 @@ class WaitGroup:
                         continue
                 self._wake.clear()
                 delay = await self._poll_once()
+        except ClientDropped:
+            # Its waiters, which hold the client, left while this poll (or the
+            # ringing check) waited for a call slot: nobody is left to poll for.
+            self.hub.discard(self)
         finally:
             self._poller = None
             if watching:
@@ -318,7 +323,8 @@ class WaitGroup:
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
         left_s = deadline - self.hub.loop.time()
-        if watching and left_s > 0 and claim_ringing_check(self.hub.client, self.keys):
+        client = self.hub.client  # held for the check: its claim is handed back on it
+        if watching and left_s > 0 and claim_ringing_check(client, self.keys):
             checked = False
             try:
                 checked = await within(
@@ -332,7 +338,7 @@ class WaitGroup:
                 pass  # a later wait checks
             finally:
                 if not checked:
-                    drop_ringing_check(self.hub.client, self.keys)
+                    drop_ringing_check(client, self.keys)
         return watching
 
     async def _poll_once(self) -> float:
@@ -431,7 +437,7 @@ class Hub:
         """The client; it is alive while any lock or lease that uses it is."""
         client = self._client()
         if client is None:
-            raise RuntimeError("the Redis client of this hub was garbage-collected")
+            raise ClientDropped("the Redis client of this hub was garbage-collected")
         return client
 
     def session_for(self, settings: LockSettings) -> str:
@@ -543,7 +549,7 @@ class Hub:
                 if done and self._withdrawals.get(key) is withdrawal:
                     del self._withdrawals[key]
                     _settle(withdrawal)
-            if not all(results):
+            if not all(results) and self._client() is not None:
                 await asyncio.sleep(RETRY_AFTER_ERROR_S)
 
     def _drop_withdrawals(self) -> None:
@@ -585,6 +591,9 @@ class Hub:
 
         try:
             outcome = await self.run(self.calls, send)
+        except ClientDropped:
+            withdrawal.sending = False
+            return False  # _withdraw_pending drops them all, saying so
         except RedisUnavailable as exc:
             withdrawal.sending = False
             if isinstance(exc.cause, NoPermissionError):

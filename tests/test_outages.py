@@ -17,6 +17,7 @@ users have them: the bound must come from the lock, not from the client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -36,7 +37,7 @@ from redis.backoff import NoBackoff
 from redis_fifo_lock import FifoLock, LockError, LockTimeout, RedisUnavailable, protocol
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
-from redis_fifo_lock.waiting import CLOSING_S, hub_for
+from redis_fifo_lock.waiting import CLOSING_S, MAX_CONCURRENT_CALLS, hub_for
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 
@@ -312,6 +313,10 @@ def test_a_hold_cancelled_at_shutdown_keeps_asyncio_run_at_most_two_closing_boun
     ``CLOSING_S`` more: the thread that runs the loop is not kept for the release's
     whole retry schedule (four tries of a second each, and their pauses)."""
     entered = threading.Event()
+    # Held for the whole test: asyncio keeps tasks weakly, and a pending task
+    # that nothing refers to can be garbage-collected (seen once in a full run:
+    # "Task was destroyed but it is pending!", then its lease released from GC).
+    tasks: list[asyncio.Task[None]] = []
 
     async def main() -> None:
         client = AsyncRedis.from_url(silence.url)  # redis-py's defaults, as users have them
@@ -323,7 +328,7 @@ def test_a_hold_cancelled_at_shutdown_keeps_asyncio_run_at_most_two_closing_boun
                 entered.set()
                 await asyncio.Event().wait()
 
-        asyncio.get_running_loop().create_task(holding())
+        tasks.append(asyncio.get_running_loop().create_task(holding()))
         await asyncio.to_thread(entered.wait, 10)
         silence.start()
 
@@ -377,4 +382,48 @@ async def test_a_client_dropped_while_a_withdrawal_is_owed_ends_the_withdrawals_
     await holder.release(lease)
     assert withdrawer.done(), "the withdrawals of a dropped client were retried for ever"
     assert withdrawer.exception() is None, withdrawer.exception()
+    assert any("client was dropped" in r.getMessage() for r in caplog.records), caplog.text
+
+
+async def test_withdrawals_waiting_for_a_call_slot_when_their_client_is_dropped_end_quietly(
+    aredis: AsyncRedis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, but the withdrawals wait for a call slot when the client goes
+    (both slots are taken here; 20,000 withdrawals queue so behind two). Once a
+    slot is free, they find no client: they end, saying so, rather than each
+    dying with "the Redis client of this hub was garbage-collected" (seen
+    after the 20,000 waiters of test_renewal_priority)."""
+    holder = FifoLock(aredis, "dropped", lease_ms=7000, poll_ms=1000)
+    lease = await holder.acquire(timeout=5)
+    client = AsyncRedis.from_url(redis_url)
+    lock = FifoLock(client, "dropped", lease_ms=7000, poll_ms=1000)
+    tokens = [f"owed-{n}" for n in range(MAX_CONCURRENT_CALLS + 2)]
+    waiters = [asyncio.create_task(lock.acquire(timeout=1, token=token)) for token in tokens]
+    for token in tokens:
+        await until(functools.partial(_queued, aredis, holder.keys, token), f"{token} queued")
+    hub = hub_for(client)
+    slots = hub.calls
+    for _ in range(MAX_CONCURRENT_CALLS):
+        await slots.acquire()
+    outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(o, LockTimeout) for o in outcomes), outcomes
+    assert len(hub._withdrawals) == len(tokens)
+    withdrawer = hub._withdrawer
+    assert withdrawer is not None and not withdrawer.done()
+    loop_errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
+    caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
+    caplog.clear()  # the records so far hold the client, through their errors' tracebacks
+    await client.aclose()
+    dropped = weakref.ref(client)
+    del lock, client, waiters, outcomes, hub  # the outcomes' tracebacks hold the client
+    await until(lambda: gc.collect() >= 0 and dropped() is None, "the client collected")
+    for _ in range(MAX_CONCURRENT_CALLS):
+        slots.release()
+    await asyncio.wait({withdrawer}, timeout=5)
+    await holder.release(lease)
+    gc.collect()  # a task whose exception nobody read is reported when collected
+    assert withdrawer.done(), "the withdrawals of a dropped client were retried for ever"
+    assert withdrawer.exception() is None, withdrawer.exception()
+    assert loop_errors == []
     assert any("client was dropped" in r.getMessage() for r in caplog.records), caplog.text
