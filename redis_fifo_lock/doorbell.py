@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -48,9 +49,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .acl import RULES_HINT, refusal
+from .errors import ClientDropped
 from .eviction import server_of
 from .protocol import AsyncClient, Grant, LockKeys
-from .timeouts import within
+from .timeouts import cancelling, within
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,27 @@ RECONNECT_DELAY_S = 0.5
 
 RESUBSCRIBE_TIMEOUT_S = 2.0
 """Longest wait, in seconds, for a rebuilt subscription to one node to be sent."""
+
+LINGER_S = 2.0
+"""How long, in seconds, a channel nobody watches any more stays subscribed (and
+the connection open): the next wait on it (one waiter per process taking a lock
+again and again, as Celery prefork workers do) finds it confirmed, with no new
+connection and no ``SUBSCRIBE``."""
+
+MAX_LINGERING = 32
+"""Most channels one doorbell keeps subscribed with nobody watching them; the
+longest-lingering is unsubscribed beyond that."""
+
+PROBE_TIMEOUT_S = 0.5
+"""How long, in seconds, the probe that a wait reusing a lingering channel sends
+on the subscription's connection may go unanswered. A kept connection may have
+died silently (a NAT or middlebox that dropped the flow, with no error on
+either side), and rings sent on it are lost: past this bound the groups of
+every watched channel poll at once and the subscription is rebuilt on a new
+connection. The probe is a ``SUBSCRIBE`` of the channel again, which the lock's
+user may send (a ``PING`` would need ``+ping``): Redis confirms it in order
+after every ring it published before, so its confirmation proves those were
+delivered."""
 
 FAILURES = (RedisError, RedisClusterException, OSError)
 """What a pub/sub call raises when Redis (or a cluster node) cannot be reached.
@@ -96,11 +119,25 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 class Doorbell:
     """Subscriptions of one client: ``watch``/``unwatch`` channels, rings routed
-    to one callback per channel. Holds one connection while anything is watched.
+    to one callback per channel. Holds one connection while anything is watched,
+    and a channel's subscription ``LINGER_S`` seconds past its last watch (at
+    most ``MAX_LINGERING`` such channels), so that waits one after another
+    reuse it.
     """
 
-    def __init__(self, client: Callable[[], AsyncClient | None]) -> None:
+    def __init__(
+        self,
+        client: Callable[[], AsyncClient | None],
+        owner: Callable[[str], Ring | None] | None = None,
+        resubscribed: Callable[[str], None] | None = None,
+    ) -> None:
         self._client = client  # a weak reference, as the hub holds it
+        # Who a ring on a lingering channel goes to (its lock's current wait
+        # group, which may not watch it yet): None for nobody.
+        self._owner = owner
+        # Told of each channel subscribed again (after a reconnection, or a
+        # rebuilt subscription): rings published meanwhile were lost.
+        self._resubscribed = resubscribed
         self._handlers: dict[str, Ring] = {}
         # Per channel: done with None once Redis confirmed the subscription, or
         # with the error it refused it with (a result, not an exception, so that
@@ -113,6 +150,18 @@ class Doorbell:
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
         self._change = asyncio.Lock()
+        # Channels still subscribed (and confirmed) that nobody watches, with
+        # the loop time their last watch ended, oldest first (see LINGER_S).
+        self._lingering: dict[str, float] = {}
+        # Per channel: when (time.monotonic()) Redis's latest confirmation of its
+        # subscription was read, if the connection has not failed since.
+        self._steady: dict[str, float] = {}
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        # The unanswered probe on the connection (its channel, and the timer
+        # that takes the connection for dead), see PROBE_TIMEOUT_S.
+        self._probe: tuple[str, asyncio.TimerHandle] | None = None
+        self._replacer: asyncio.Task[None] | None = None
 
     async def watch(self, channel: str, ring: Ring) -> bool:
         """Subscribe to ``channel`` and return True once Redis confirmed it, so that
@@ -138,6 +187,11 @@ class Doorbell:
                 self._pubsub = factories[0]()
             self._handlers[channel] = ring
             confirmed = self._confirmed.get(channel)
+            if self._lingering.pop(channel, None) is not None and _subscribed(confirmed):
+                # Still subscribed since its last watch: nothing to subscribe,
+                # but the kept connection must prove it still delivers.
+                await self._send_probe(channel)
+                return True
             if confirmed is None or (confirmed.done() and confirmed.result() is not None):
                 confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
             # Before sending: the reply may be read while the send still awaits.
@@ -147,6 +201,7 @@ class Doorbell:
             except BaseException:
                 _forget(self._unanswered, ("subscribe", channel))
                 raise
+            self._track(self._pubsub)
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read())
         # Shielded: the future is shared by every watch of the channel, and the
@@ -163,21 +218,176 @@ class Doorbell:
             if self._handlers.get(channel) != ring:
                 return
             del self._handlers[channel]
+            if self._pubsub is not None and _subscribed(self._confirmed.get(channel)):
+                # Kept a while for the next wait on it (LINGER_S).
+                self._lingering[channel] = asyncio.get_running_loop().time()
+                while len(self._lingering) > MAX_LINGERING:
+                    await self._unsubscribe(next(iter(self._lingering)))
+                self._sweep_later()
+                return
             self._confirmed.pop(channel, None)
-            pubsub = self._pubsub
-            if pubsub is None:
+            self._steady.pop(channel, None)
+            if self._pubsub is None:
                 return
-            if self._handlers:
-                self._unanswered.append(("unsubscribe", channel))
-                try:
-                    await pubsub.unsubscribe(channel)
-                except FAILURES:
-                    _forget(self._unanswered, ("unsubscribe", channel))
-                    log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
+            if self._handlers or self._lingering:
+                await self._unsubscribe(channel)
                 return
-            self._pubsub, reader, self._reader = None, self._reader, None
-            self._unanswered.clear()
-        await _stop(reader, pubsub)
+            pubsub, reader = self._drop()
+        if pubsub is not None:
+            await _stop(reader, pubsub)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        """Unsubscribe from ``channel``, which nobody watches (under ``_change``,
+        with a pub/sub in place); a failure is left to the reader to notice."""
+        self._lingering.pop(channel, None)
+        self._confirmed.pop(channel, None)
+        self._steady.pop(channel, None)
+        pubsub = self._pubsub
+        if pubsub is None:
+            return
+        self._unanswered.append(("unsubscribe", channel))
+        try:
+            await pubsub.unsubscribe(channel)
+        except FAILURES:
+            _forget(self._unanswered, ("unsubscribe", channel))
+            log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
+
+    async def _send_probe(self, channel: str) -> None:
+        """Subscribe to ``channel`` again (under ``_change``; it is subscribed and
+        confirmed) unless a probe is on its way already, and take the connection
+        for dead if no confirmation comes within ``PROBE_TIMEOUT_S``. If it
+        cannot be sent, ``channel`` is no longer steady: its group polls at once."""
+        pubsub = self._pubsub
+        if self._probe is not None or pubsub is None:
+            return
+        timer = asyncio.get_running_loop().call_later(PROBE_TIMEOUT_S, self._probe_unanswered)
+        self._probe = (channel, timer)
+        self._unanswered.append(("subscribe", channel))
+        try:
+            await pubsub.subscribe(channel)
+        except FAILURES:
+            _forget(self._unanswered, ("subscribe", channel))
+            self._end_probe()
+            self._steady.pop(channel, None)
+            log.debug("doorbell: the probe of the subscription failed", exc_info=True)
+
+    def _track(self, pubsub: PubSub) -> None:
+        """Be told (``_reconnected``) each time redis-py connects ``pubsub``'s
+        connection again; registering twice is a no-op."""
+        connection = getattr(pubsub, "connection", None)
+        if connection is None:
+            return
+        # redis-py 5.0.1 names it with a leading underscore (public from 5.0.2).
+        register = (
+            getattr(connection, "register_connect_callback", None)
+            or connection._register_connect_callback
+        )
+        register(self._reconnected)
+
+    def _reconnected(self, connection: object) -> None:
+        """redis-py connected the subscription's connection again, and is
+        subscribing its channels again, with no word to the reader when it did
+        so on a read (a client with retries): rings published in the gap may be
+        lost. A probe on its way is answered never, or by a confirmation that
+        is the resubscription's: it ends here, so that each channel's
+        confirmation makes its group catch up (``_again``)."""
+        self._end_probe()
+        self._steady.clear()
+
+    def _end_probe(self) -> None:
+        if self._probe is not None:
+            self._probe[1].cancel()
+            self._probe = None
+
+    def _probe_unanswered(self) -> None:
+        """No confirmation of the probe within ``PROBE_TIMEOUT_S``: rings may be
+        lost on the connection. Every watched channel's group polls now, and the
+        subscription is rebuilt."""
+        self._probe = None
+        pubsub = self._pubsub
+        if pubsub is None:
+            return
+        log.info(
+            "doorbell: the subscription's connection did not answer within %.1f s; "
+            "polling, and rebuilding the subscription",
+            PROBE_TIMEOUT_S,
+        )
+        self._steady.clear()
+        if self._resubscribed is not None:
+            for channel in list(self._handlers):
+                self._resubscribed(channel)
+        if self._replacer is None or self._replacer.done():
+            self._replacer = asyncio.get_running_loop().create_task(self._replace(pubsub))
+
+    async def _replace(self, silent: PubSub) -> None:
+        """Stop reading ``silent`` (its probe went unanswered) and rebuild the
+        subscription on a new connection; with nothing watched, just drop it."""
+        reader = self._reader
+        if self._pubsub is not silent:
+            return
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        if not self._handlers and await self._abandon(silent):
+            return
+        await self._resubscribe(silent)
+        async with self._change:
+            if self._pubsub is not None and (self._reader is None or self._reader.done()):
+                self._reader = asyncio.create_task(self._read())
+
+    def _drop(self) -> tuple[PubSub | None, asyncio.Task[None] | None]:
+        """Forget the pub/sub and its reader (under ``_change``), for the caller to
+        stop outside the lock: nothing is watched, and nothing lingers."""
+        self._lingering.clear()
+        self._steady.clear()
+        self._unanswered.clear()
+        self._end_probe()
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        pubsub, self._pubsub = self._pubsub, None
+        reader, self._reader = self._reader, None
+        return pubsub, reader
+
+    def _sweep_later(self) -> None:
+        """Make sure the oldest lingering channel is swept once its time is up."""
+        if self._sweep_timer is not None or not self._lingering:
+            return
+        loop = asyncio.get_running_loop()
+        due = next(iter(self._lingering.values())) + LINGER_S
+        self._sweep_timer = loop.call_at(due, self._start_sweep)
+
+    def _start_sweep(self) -> None:
+        self._sweep_timer = None
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Unsubscribe the channels that lingered ``LINGER_S``; drop the
+        connection when nothing is watched or lingers any more."""
+        async with self._change:
+            now = asyncio.get_running_loop().time()
+            expired = [c for c, since in self._lingering.items() if now - since >= LINGER_S]
+            if self._pubsub is None:
+                return
+            if self._handlers or len(expired) < len(self._lingering):
+                for channel in expired:
+                    await self._unsubscribe(channel)
+                self._sweep_later()
+                return
+            for channel in expired:
+                self._confirmed.pop(channel, None)
+            pubsub, reader = self._drop()
+        if pubsub is not None:
+            await _stop(reader, pubsub)
+
+    def steady_since(self, channel: str) -> float | None:
+        """When (``time.monotonic()`` seconds) ``channel``'s subscription was last
+        confirmed, if the connection has not failed since: every ring published
+        after that moment reaches this doorbell (and a lingering channel's goes
+        to its lock's current wait group, see ``owner``). None when it is not
+        subscribed, not confirmed yet, or may have missed a ring."""
+        return self._steady.get(channel)
 
     @property
     def active(self) -> bool:
@@ -189,9 +399,13 @@ class Doorbell:
         async with self._change:
             self._handlers.clear()
             self._confirmed.clear()
-            self._unanswered.clear()
-            pubsub, self._pubsub = self._pubsub, None
-            reader, self._reader = self._reader, None
+            pubsub, reader = self._drop()
+            helpers = (self._sweeper, self._replacer)
+            self._sweeper = self._replacer = None
+        for helper in helpers:
+            if helper is not None and helper is not asyncio.current_task():
+                helper.cancel()
+                await asyncio.gather(helper, return_exceptions=True)
         if pubsub is not None:
             await _stop(reader, pubsub)
 
@@ -201,7 +415,7 @@ class Doorbell:
         client knows. Empty when the client has no pub/sub (warned once)."""
         client = self._client()
         if client is None:
-            raise RuntimeError("the doorbell's Redis client was garbage-collected")
+            raise ClientDropped("the doorbell's Redis client was garbage-collected")
         make = getattr(client, "pubsub", None)
         if make is None:
             _warn_no_pubsub(client)
@@ -223,6 +437,10 @@ class Doorbell:
             pubsub = self._pubsub
             if pubsub is None:
                 return
+            if cancelling():
+                # Cancelled, and the cancellation swallowed by redis-py as it
+                # reconnected: reading on would keep a closing loop waiting.
+                raise asyncio.CancelledError
             try:
                 message = await pubsub.get_message(timeout=None)
             except asyncio.CancelledError:
@@ -235,6 +453,10 @@ class Doorbell:
                 self._refused(exc)
                 continue
             except FAILURES:
+                self._steady.clear()  # rings may have been lost meanwhile
+                self._end_probe()  # its answer is lost; a resubscription catches up
+                if not self._handlers and await self._abandon(pubsub):
+                    return  # only lingering channels: not worth a new connection
                 failures += 1
                 if failures == 1 and _connected(pubsub):
                     # redis-py reconnected it (subscribing again) before raising
@@ -253,6 +475,17 @@ class Doorbell:
                     # lock serves nobody.
                     await asyncio.sleep(0)
 
+    async def _abandon(self, broken: PubSub) -> bool:
+        """Drop the broken pub/sub (from its reader) if nothing is watched: the
+        lingering channels are not subscribed again. Whether it was dropped."""
+        async with self._change:
+            if self._pubsub is not broken or self._handlers:
+                return False
+            self._confirmed.clear()
+            self._drop()
+        await _close(broken)
+        return True
+
     async def _resubscribe(self, broken: PubSub) -> None:
         """Replace ``broken`` by a new pub/sub subscribed to every watched channel.
 
@@ -260,6 +493,10 @@ class Doorbell:
         reconnect by itself) and comes back here after the next delay.
         """
         async with self._change:
+            for channel in self._lingering:
+                self._confirmed.pop(channel, None)  # rings may have been lost
+            self._lingering.clear()
+            self._steady.clear()
             channels = list(self._handlers)
             if self._pubsub is not broken or not channels:
                 return  # closed or replaced meanwhile, or about to be dropped
@@ -267,6 +504,8 @@ class Doorbell:
             if fresh is None:
                 return
             self._pubsub = fresh
+            self._track(fresh)
+            self._end_probe()  # its answer was to come on the broken connection
             # The broken connection's replies never come; the new one answers
             # (confirms or refuses) each channel's SUBSCRIBE, in this order.
             self._unanswered = deque(("subscribe", channel) for channel in channels)
@@ -296,14 +535,35 @@ class Doorbell:
         with ``exc``: fail that channel's ``watch``, or report it."""
         command, channel = self._unanswered.popleft() if self._unanswered else ("", "")
         confirmed = self._confirmed.get(channel) if command == "subscribe" else None
+        if command == "subscribe":
+            self._steady.pop(channel, None)
         if confirmed is not None and not confirmed.done():
             confirmed.set_result(exc)
             return
+        if self._probe is not None and command == "subscribe" and self._probe[0] == channel:
+            self._end_probe()  # refused: the channel's group must not count on it
+            if self._resubscribed is not None:
+                self._resubscribed(channel)
         # An UNSUBSCRIBE, or a SUBSCRIBE sent again after a reconnection: the
         # channel's waiters already poll, or will at their next poll.
         client = self._client()
         if client is not None:
             report_refusal(client, exc, None, None)
+
+    def _again(self, channel: str) -> None:
+        """``channel`` was confirmed again: subscribed anew after a gap (redis-py
+        reconnects and resubscribes on its own, without a word to the reader)
+        in which rings may have been lost. Whoever waits on it catches up (a
+        poll); with nothing watched at all, the lingering channels are not
+        worth the new connection, and are dropped now."""
+        if self._resubscribed is not None:
+            self._resubscribed(channel)
+        if not self._handlers and self._lingering:
+            for lingering in self._lingering:
+                self._lingering[lingering] = float("-inf")
+            if self._sweep_timer is not None:
+                self._sweep_timer.cancel()
+            self._start_sweep()
 
     def _dispatch(self, message: dict[str, object]) -> None:
         channel = _text(message["channel"])
@@ -312,9 +572,19 @@ class Doorbell:
         if message["type"] == "subscribe":
             confirmed = self._confirmed.get(channel)
             if confirmed is not None and not confirmed.done():
+                self._steady[channel] = time.monotonic()
                 confirmed.set_result(None)
+            elif self._probe is not None and self._probe[0] == channel:
+                # The probe's answer: the connection delivered every ring
+                # published before it, and the channel stayed subscribed.
+                self._end_probe()
+            elif confirmed is not None:
+                self._steady[channel] = time.monotonic()
+                self._again(channel)
         elif message["type"] == "message":
             ring = self._handlers.get(channel)
+            if ring is None and channel in self._lingering and self._owner is not None:
+                ring = self._owner(channel)
             if ring is None:
                 return
             try:
@@ -451,6 +721,11 @@ def _warn_no_pubsub(client: AsyncClient) -> None:
         redis.__version__,
         kind.__name__,
     )
+
+
+def _subscribed(confirmed: asyncio.Future[ResponseError | None] | None) -> bool:
+    """Whether a channel's confirmation says Redis confirmed its subscription."""
+    return confirmed is not None and confirmed.done() and confirmed.result() is None
 
 
 def _connected(pubsub: PubSub) -> bool:

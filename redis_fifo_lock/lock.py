@@ -406,7 +406,7 @@ class FifoLock:
         (no reply, cancelled, timed out) the request is withdrawn, now or as soon
         as Redis answers."""
 
-        async def send() -> tuple[Grant | None, int, int]:
+        async def send() -> tuple[Grant | None, int, int, int]:
             if not requeue:
                 await hub.reclaim(self.keys, waiter.token)
                 await hub.check_eviction_policy(self.name)
@@ -418,7 +418,7 @@ class FifoLock:
         waiter.sending()  # the grant, if this call makes one, is younger than this
         try:
             try:
-                grant, ticket, holder_fence = await _within(send(), deadline)
+                grant, ticket, holder_fence, holder_pttl_ms = await _within(send(), deadline)
             finally:
                 call_ids().leave(self.keys, waiter.call)
         except NotReplicated:
@@ -439,6 +439,9 @@ class FifoLock:
                 raise self._timed_out(group, started, (deadline or started) - started) from None
             raise
         group.holder_fence = holder_fence or None
+        group.holder_expires_at = (
+            waiter.sent_at + holder_pttl_ms / 1000 if holder_pttl_ms > 0 else None
+        )
         waiter.queued(ticket)
         if grant is not None:
             return self._start_lease(hub, waiter, grant, waiter.sent_at)

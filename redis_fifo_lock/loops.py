@@ -25,6 +25,7 @@ from .protocol import AsyncClient
 
 if TYPE_CHECKING:
     from .clients import LoopClients
+    from .doorbell import Doorbell
     from .renewal import Renewal
     from .waiting import Hub
 
@@ -39,6 +40,9 @@ class LoopContext:
         renewals: the renewals running on the loop for leases acquired through a
             ``LoopClients``; they move to the portal loop when the loop closes
             (held weakly).
+        doorbells: every hub's doorbell (held weakly), so that a subscription
+            still lingering when its client (and so its hub) was dropped is
+            closed with the loop too.
     """
 
     def __init__(self) -> None:
@@ -46,6 +50,7 @@ class LoopContext:
         self.clients: dict[LoopClients, AsyncClient] = {}
         self.hubs: weakref.WeakKeyDictionary[AsyncClient, Hub] = weakref.WeakKeyDictionary()
         self.renewals: weakref.WeakSet[Renewal] = weakref.WeakSet()
+        self.doorbells: weakref.WeakSet[Doorbell] = weakref.WeakSet()
 
     @property
     def owns_anything(self) -> bool:
@@ -55,13 +60,15 @@ class LoopContext:
             bool(self.clients)
             or len(self.renewals) > 0
             or any(hub.busy for hub in list(self.hubs.values()))
+            or any(doorbell.active for doorbell in list(self.doorbells))
         )
 
     async def aclose(self) -> None:
         """Do the releases and withdrawals the hubs still owe Redis
         (``Hub.finish``), hand the renewals of the leases still held over to the
         portal loop, stop the hubs' own tasks (doorbell readers, withdrawers:
-        ``Hub.aclose``), then close the clients (and the Sentinel connections
+        ``Hub.aclose``) and the doorbells of hubs dropped with their client,
+        then close the clients (and the Sentinel connections
         they were found through). Never raises: what fails to close is left to
         garbage collection."""
         # The context stays in use meanwhile: a release finishing here looks up
@@ -73,6 +80,8 @@ class LoopContext:
         await asyncio.gather(*(renewal.hand_over() for renewal in renewals), return_exceptions=True)
         hubs, self.hubs = list(self.hubs.values()), weakref.WeakKeyDictionary()
         await asyncio.gather(*(hub.aclose() for hub in hubs), return_exceptions=True)
+        doorbells, self.doorbells = list(self.doorbells), weakref.WeakSet()
+        await asyncio.gather(*(doorbell.aclose() for doorbell in doorbells), return_exceptions=True)
         clients, self.clients = list(self.clients.values()), {}
         await asyncio.gather(*(close_client(client) for client in clients), return_exceptions=True)
 

@@ -383,8 +383,9 @@ class Protocol:
         floor: str,
         holder: str = "",
         ring_key: str | None = None,
-    ) -> tuple[Grant | None, int, int]:
-        """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or 0).
+    ) -> tuple[Grant | None, int, int, int]:
+        """Enqueue (or find) ``token``: (grant or None, ticket, holder's fence or
+        0, the holder's lease's time to live in ms or 0).
 
         ``call``: id of this acquire call, "<session>/<seq>" (see lib.lua);
         ``floor``: the session's floor for this lock (see ``Calls.floor``);
@@ -420,7 +421,7 @@ class Protocol:
             grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]), queued=int(reply[4]))
             if acked < self.replicas:
                 raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
-            return grant, grant.ticket, grant.fence
+            return grant, grant.ticket, grant.fence, grant.pttl_ms
         if reply[0] == -1:
             raise LockUsageError(
                 keys.name,
@@ -428,7 +429,7 @@ class Protocol:
                 f"({ENDED_HOW[int(reply[1])]}): this was a late copy of its acquire "
                 "call; call acquire again",
             )
-        return None, int(reply[1]), int(reply[2])
+        return None, int(reply[1]), int(reply[2]), int(reply[3])
 
     async def claim(
         self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings

@@ -41,6 +41,7 @@ from . import metrics
 from .calls import UNKNOWN_CALL, call_ids
 from .doorbell import (
     Doorbell,
+    Ring,
     check_ringing,
     claim_ringing_check,
     drop_ringing_check,
@@ -79,6 +80,9 @@ MAX_URGENT_CALLS = 1
 they never queue behind enqueues, claims and polls (with the doorbell: at most 4
 connections per hub)."""
 
+EXPIRY_MARGIN_S = 0.002
+"""How long after a lease is due to run out, in seconds, the poll that looks for
+its end is sent."""
 RETRY_AFTER_ERROR_S = 0.5
 """Pause before a poll or withdrawal that failed to reach Redis is tried again, in seconds."""
 
@@ -183,6 +187,9 @@ class WaitGroup:
     protocol: Protocol
     waiters: dict[str, Waiter] = field(default_factory=dict)
     holder_fence: int | None = None
+    holder_expires_at: float | None = None
+    """When (``time.monotonic()``) the holder's lease, as the latest acquire reply
+    told it, runs out at the earliest; None when nobody held it."""
     _poller: asyncio.Task[None] | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -190,6 +197,11 @@ class WaitGroup:
     def session(self) -> str:
         """This group's liveness session (see ``Hub.session_for``)."""
         return self.hub.session_for(self.settings)
+
+    @property
+    def channel(self) -> str:
+        """The doorbell channel on which this group's grants are rung."""
+        return self.keys.doorbell_of(self.session)
 
     def join(self, token: str) -> Waiter:
         """Register ``token`` before its acquire is sent, so no ring is missed.
@@ -223,6 +235,10 @@ class WaitGroup:
             else:
                 self._wake.set()
 
+    def catch_up(self) -> None:
+        """Poll now (if the group polls at all): a ring may have been lost."""
+        self._wake.set()
+
     def ring(self, token: str, grant: Grant) -> None:
         """A grant was rung on this group's doorbell.
 
@@ -242,11 +258,11 @@ class WaitGroup:
         elif grant.ticket > 0 and (self.keys, token) not in self.hub.leases:
             self.hub.withdraw(self, token, grant.ticket, grant.call or UNKNOWN_CALL)
 
-    async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int]:
+    async def enqueue(self, waiter: Waiter) -> tuple[Grant | None, int, int, int]:
         """Run the acquire script for ``waiter``'s call (in flight, see
         ``CallIds.new``): (grant or None, ticket, holder fence)."""
 
-        async def send(client: AsyncClient) -> tuple[Grant | None, int, int]:
+        async def send(client: AsyncClient) -> tuple[Grant | None, int, int, int]:
             return await self.protocol.acquire(
                 client,
                 self.keys,
@@ -272,7 +288,7 @@ class WaitGroup:
         watching = False
         try:
             watching = await self._watch()
-            delay = 0.0
+            delay = self._first_poll_s() if watching else 0.0
             while True:
                 if not self.waiters:
                     # Checked and closed with no await in between: a waiter that
@@ -296,10 +312,10 @@ class WaitGroup:
         finally:
             self._poller = None
             if watching:
-                await self.hub.doorbell.unwatch(self.keys.doorbell_of(self.session), self.ring)
+                await self.hub.doorbell.unwatch(self.channel, self.ring)
 
     async def _watch(self) -> bool:
-        channel = self.keys.doorbell_of(self.session)
+        channel = self.channel
         # Half a lease at most for both: the first poll waits for them, and must
         # still come before a grant made meanwhile could expire.
         deadline = self.hub.loop.time() + self.settings.lease_ms / 2000
@@ -341,6 +357,26 @@ class WaitGroup:
                     drop_ringing_check(client, self.keys)
         return watching
 
+    def _first_poll_s(self) -> float:
+        """Seconds until the group's first poll, its doorbell being watched.
+
+        At once, as a rule: a grant rung before the subscription was confirmed
+        was missed, and the poll finds it. Not when the channel was confirmed,
+        with no failure since, before every waiter's acquire was sent (it
+        lingered from an earlier wait, see ``doorbell.LINGER_S``): every grant
+        to them is rung on it, and reaches this group (its lock's current
+        group, see ``Hub.ringing``). The poll's other duties then keep their
+        times: right after the holder's lease runs out (a dead holder is
+        replaced within ``lease_ms``), and within ``poll_ms`` (liveness).
+        """
+        steady = self.hub.doorbell.steady_since(self.channel)
+        if steady is None or any(w.sent_at < steady for w in self.waiters.values()):
+            return 0.0
+        poll_s = self.settings.poll_ms / 1000
+        if self.holder_expires_at is None:
+            return poll_s
+        return min(poll_s, max(0.0, self.holder_expires_at - time.monotonic()) + EXPIRY_MARGIN_S)
+
     async def _poll_once(self) -> float:
         """One poll; returns seconds until the next one."""
         sent = time.monotonic()
@@ -363,7 +399,7 @@ class WaitGroup:
         if reply.grant is not None and reply.grant.pttl_ms > 0:
             # Poll again right after the current lease would expire, so a dead
             # holder is replaced within lease_ms, not lease_ms + poll_ms.
-            return min(poll_s, reply.grant.pttl_ms / 1000 + 0.002)
+            return min(poll_s, reply.grant.pttl_ms / 1000 + EXPIRY_MARGIN_S)
         return poll_s
 
     def _settle(self, reply: PollReply, sent: float) -> None:
@@ -421,10 +457,12 @@ class Hub:
         self._client = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
         self.session = secrets.token_hex(8)
-        self.doorbell = Doorbell(self._client)
+        self.doorbell = Doorbell(self._client, owner=self.ringing, resubscribed=self.resubscribed)
+        loop_context().doorbells.add(self.doorbell)
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.urgent = asyncio.Semaphore(MAX_URGENT_CALLS)
         self.groups: dict[tuple[LockKeys, LockSettings], WaitGroup] = {}
+        self._by_channel: dict[str, WaitGroup] = {}  # the same groups, by doorbell channel
         self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
             weakref.WeakValueDictionary()
         )
@@ -474,12 +512,28 @@ class Hub:
         if group is None or group.protocol is not protocol:
             group = WaitGroup(self, keys, settings, protocol)
             self.groups[(keys, settings)] = group
+            self._by_channel[group.channel] = group
         return group
+
+    def ringing(self, channel: str) -> Ring | None:
+        """Where a ring on doorbell ``channel`` goes when no wait group watches it
+        (it lingers): to the current group of its lock, which may have just
+        sent its first acquire and not watch the channel yet; None if none."""
+        group = self._by_channel.get(channel)
+        return None if group is None else group.ring
+
+    def resubscribed(self, channel: str) -> None:
+        """Doorbell ``channel`` was subscribed again after a gap: its lock's group
+        polls now, for a grant rung in the gap."""
+        group = self._by_channel.get(channel)
+        if group is not None:
+            group.catch_up()
 
     def discard(self, group: WaitGroup) -> None:
         """Forget ``group`` if it is still the current one for its lock."""
         if self.groups.get((group.keys, group.settings)) is group:
             del self.groups[(group.keys, group.settings)]
+            del self._by_channel[group.channel]
 
     def withdraw(
         self, group: WaitGroup, token: str, ticket: int, call: str

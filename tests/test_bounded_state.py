@@ -201,7 +201,7 @@ async def test_losses_stay_from_floors_for_keep_ms_and_go_after(
 
     async def floor(n: int) -> None:
         """A request of the process, granted and released: its floor passes 1..n-1."""
-        grant, _, _ = await protocol.acquire(
+        grant, _, _, _ = await protocol.acquire(
             aredis, keys, f"r{n}", session, settings, call=call(n), floor=call(n)
         )
         assert grant is not None
@@ -210,7 +210,7 @@ async def test_losses_stay_from_floors_for_keep_ms_and_go_after(
         )
 
     for n in range(1, 101):
-        grant, _, _ = await protocol.acquire(
+        grant, _, _, _ = await protocol.acquire(
             aredis, keys, f"w{n}", session, settings, call=call(n), floor=call(n)
         )
         assert grant is not None

@@ -307,10 +307,10 @@ async def test_a_late_withdraw_leaves_alone_a_request_a_retry_took_over(
     protocol, keys, settings = lock._protocol, lock.keys, lock.settings
     session = "attacker-session"
     first, retry = "proc/000000000001", "proc/000000000002"
-    _, ticket, _ = await protocol.acquire(
+    _, ticket, _, _ = await protocol.acquire(
         aredis, keys, "v", session, settings, call=first, floor=first
     )
-    _, same_ticket, _ = await protocol.acquire(
+    _, same_ticket, _, _ = await protocol.acquire(
         aredis, keys, "v", session, settings, call=retry, floor=first
     )
     assert same_ticket == ticket
@@ -520,7 +520,7 @@ async def test_a_floor_that_listed_a_request_as_held_read_after_its_release_chan
     protocol, keys, settings = lock._protocol, lock.keys, lock.settings
     session = "late-held-session"
     held, later = "proc/000000000001", "proc/000000000002"
-    grant, _, _ = await protocol.acquire(
+    grant, _, _, _ = await protocol.acquire(
         aredis, keys, "w", session, settings, call=held, floor=held
     )
     assert grant is not None
@@ -531,7 +531,7 @@ async def test_a_floor_that_listed_a_request_as_held_read_after_its_release_chan
     assert outcome == RELEASED
     # The acquire was answered through a retry, then given up: its withdrawal
     # carries the floor without w, and w's record goes.
-    _, ticket, _ = await protocol.acquire(
+    _, ticket, _, _ = await protocol.acquire(
         aredis, keys, "q", session, settings, call=later, floor=later
     )
     await protocol.withdraw(aredis, keys, "q", ticket, session, settings.keep_ms, later, later)
@@ -595,7 +595,7 @@ async def test_a_late_copy_of_the_lost_requests_own_call_does_not_unprotect_its_
     protocol, keys, settings = lock._protocol, lock.keys, lock.settings
     session = "late-own-session"
     waiting, later = "proc/000000000001", "proc/000000000002"
-    _, ticket, _ = await protocol.acquire(
+    _, ticket, _, _ = await protocol.acquire(
         aredis, keys, "w", session, settings, call=waiting, floor=waiting
     )
     await aredis.zadd(keys.key("alive"), {session: 2**50})
@@ -634,7 +634,7 @@ async def test_a_floor_below_the_kept_one_never_sweeps_a_request_the_kept_one_li
     def call(n: int) -> str:
         return f"proc/{n:012x}"
 
-    _, ticket, _ = await protocol.acquire(
+    _, ticket, _, _ = await protocol.acquire(
         aredis, keys, "w", session, settings, call=call(1), floor=call(1)
     )
     await aredis.zadd(keys.key("alive"), {session: 2**50})

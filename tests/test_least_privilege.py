@@ -42,7 +42,9 @@ from redis_fifo_lock import (
     doorbell,
     eviction,
 )
+from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock.acl import acl_rules, key_pattern
+from redis_fifo_lock.doorbell import PROBE_TIMEOUT_S
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from tests.support.polling import until, until_sync
 
@@ -202,6 +204,28 @@ async def two_locks_waited_for_on_one_client(url: str, namespace: str) -> None:
         await waiter_client.aclose()
 
 
+async def waits_one_after_another_on_a_lingering_channel(url: str, namespace: str) -> None:
+    """One waiter client waits again and again: each wait after the first reuses
+    the lingering channel and probes its connection with what the rules allow,
+    and is rung within the probe's bound (a refused probe would wait it out)."""
+    holder_client, waiter_client = AsyncRedis.from_url(url), AsyncRedis.from_url(url)
+    try:
+        holder = FifoLock(holder_client, "lp-again", namespace=namespace, **RUNG)
+        waiter = FifoLock(waiter_client, "lp-again", namespace=namespace, **RUNG)
+        for attempt in range(3):
+            lease = await holder.acquire(timeout=5)
+            waiting = asyncio.create_task(waiter.acquire(timeout=20))
+            await until(lambda: _waiting(holder, 1), "the waiter is queued")
+            started = time.monotonic()
+            await holder.release(lease)
+            await waiter.release(await asyncio.wait_for(waiting, 3 * HAND_OFF_S))
+            took = time.monotonic() - started
+            assert took < PROBE_TIMEOUT_S, f"wait {attempt} was rung {took:.2f} s after the release"
+    finally:
+        await holder_client.aclose()
+        await waiter_client.aclose()
+
+
 async def timeout_and_withdrawal(url: str, namespace: str) -> None:
     holder_client, waiter_client = AsyncRedis.from_url(url), AsyncRedis.from_url(url)
     try:
@@ -247,6 +271,7 @@ SCENARIOS: list[Scenario] = [
     acquire_and_release,
     contended_hand_off_by_the_doorbell,
     two_locks_waited_for_on_one_client,
+    waits_one_after_another_on_a_lingering_channel,
     timeout_and_withdrawal,
     renewal_past_several_leases,
     the_sync_facade,
@@ -370,8 +395,11 @@ ALL_RULES = acl_rules(config=True)
 
 @pytest.mark.parametrize("missing", ALL_RULES)
 async def test_without_any_one_rule_something_breaks_and_the_lock_names_the_rule(
-    server: Server, missing: str, caplog: pytest.LogCaptureFixture
+    server: Server, missing: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A channel is unsubscribed when its linger ends: at once here, so that the
+    # UNSUBSCRIBE (refused without +unsubscribe) comes during the scenarios.
+    monkeypatch.setattr(doorbell_module, "LINGER_S", 0.0)
     url = server.user([rule for rule in ALL_RULES if rule != missing])
     server.admin.script_flush()  # so that EVAL is needed as well as EVALSHA
 

@@ -311,7 +311,7 @@ async def test_a_retry_with_the_same_token_keeps_its_place(aredis: Redis) -> Non
     # The same request sent again (as after a lost reply) keeps its ticket.
     again = FifoLock(aredis, "jobs", **FAST)
     hub_group_session = "retry-session"
-    grant, same_ticket, _ = await again._protocol.acquire(
+    grant, same_ticket, _, _ = await again._protocol.acquire(
         aredis,
         again.keys,
         "early",
@@ -333,7 +333,7 @@ async def test_a_retried_acquire_of_a_granted_request_returns_the_same_grant(
 ) -> None:
     lock = fast_lock(aredis)
     lease = await lock.acquire(token="mine")
-    grant, _, _ = await lock._protocol.acquire(
+    grant, _, _, _ = await lock._protocol.acquire(
         aredis,
         lock.keys,
         "mine",

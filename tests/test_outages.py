@@ -35,6 +35,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from redis_fifo_lock import FifoLock, LockError, LockTimeout, RedisUnavailable, protocol
+from redis_fifo_lock import doorbell as doorbell_module
+from redis_fifo_lock.doorbell import LINGER_S
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from redis_fifo_lock.waiting import CLOSING_S, MAX_CONCURRENT_CALLS, hub_for
@@ -99,6 +101,41 @@ async def handoff_time(
     took = time.monotonic() - released
     await waiter.release(waiting.result())
     return took
+
+
+async def test_a_poller_whose_client_is_dropped_during_its_ringing_check_ends_quietly(
+    aredis: AsyncRedis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first wait on a server checks that the lock may ring (a PUBLISH,
+    ``check_ringing``) in a call slot; if the client is dropped while the check
+    waits for one, the group's poller ends, unsubscribing, with no error left
+    for asyncio to report (found by an outside attack)."""
+    monkeypatch.setattr(doorbell_module, "_ringing_checked", set())  # not checked yet
+    holder = FifoLock(aredis, "check-dropped", lease_ms=7000, poll_ms=1000)
+    lease = await holder.acquire(timeout=5)
+    client = AsyncRedis.from_url(redis_url)
+    hub = hub_for(client)
+    slots, doorbell = hub.calls, hub.doorbell
+    waiter = asyncio.create_task(
+        FifoLock(client, "check-dropped", lease_ms=7000, poll_ms=1000).acquire(timeout=1)
+    )
+    await until(lambda: doorbell.active, "the waiter's group subscribes", pause_s=0)
+    for _ in range(MAX_CONCURRENT_CALLS):
+        await slots.acquire()  # the check waits for a slot
+    outcomes = await asyncio.gather(waiter, return_exceptions=True)
+    assert isinstance(outcomes[0], LockTimeout), outcomes
+    loop_errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
+    await client.aclose()
+    dropped = weakref.ref(client)
+    del client, waiter, hub, outcomes
+    await until(lambda: gc.collect() >= 0 and dropped() is None, "the client collected")
+    for _ in range(MAX_CONCURRENT_CALLS):
+        slots.release()
+    await until(lambda: not doorbell.active, "the doorbell closed", timeout_s=LINGER_S + 10)
+    await holder.release(lease)
+    gc.collect()  # a task whose exception nobody read is reported when collected
+    assert loop_errors == []
 
 
 async def _queued(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:

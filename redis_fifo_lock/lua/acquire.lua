@@ -27,8 +27,10 @@
 --                                granted (now, or already: a re-sent acquire
 --                                returns the same grant and never grants twice);
 --                                queued: requests still queued behind it (a count)
---   {0, ticket, holder_fence}    queued; the ticket is kept across re-sends;
---                                holder_fence is the current holder's fence
+--   {0, ticket, holder_fence, holder_pttl_ms}
+--                                queued; the ticket is kept across re-sends;
+--                                holder_fence is the current holder's fence, and
+--                                holder_pttl_ms its lease's time to live (0: none)
 --   {-1, how}                    refused: this call's request already ended, or
 --                                was taken over by a later call (how is an
 --                                ENDED_* code): a late copy changes nothing
@@ -92,4 +94,7 @@ touch(keep_ms)
 if granted and granted[1] == token then
     return {1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE)}
 end
-return {0, ticket, granted and granted[2] or tonumber(held[2]) or 0}
+if granted then
+    return {0, ticket, granted[2], granted[4]}
+end
+return {0, ticket, tonumber(held[2]) or 0, held[1] and math.max(0, redis.call('PTTL', K_LEASE)) or 0}

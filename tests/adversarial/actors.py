@@ -77,11 +77,13 @@ class RecordingProtocol(Protocol):
                 self.faults.fault("scripterror", f"{script}:{exc.cause}")
             raise
 
-    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int]:
-        grant, ticket, holder = await self._guard("acquire", self.inner.acquire(*args, **kwargs))
+    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int, int]:
+        grant, ticket, holder, pttl_ms = await self._guard(
+            "acquire", self.inner.acquire(*args, **kwargs)
+        )
         token = protocol_arguments(Protocol.acquire, args, kwargs)["token"]
         self.record.queued(token, ticket, grant is not None)
-        return grant, ticket, holder
+        return grant, ticket, holder, pttl_ms
 
     claim = _guarded("claim")
     release = _guarded("release")

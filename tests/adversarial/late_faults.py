@@ -30,22 +30,25 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import cast
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 
 import redis_fifo_lock.protocol as protocol_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
+from redis_fifo_lock.doorbell import PROBE_TIMEOUT_S
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena
 from tests.adversarial.clients import StagedRedis
 from tests.adversarial.driver import ROOT
 from tests.adversarial.registry import LEASE_MS, Context, Outcome, outcome, scenario
+from tests.support.polling import until
 from tests.support.proxy import FaultProxy
 from tests.support.record import read_lines
 
@@ -486,3 +489,125 @@ async def cancel_at_the_bound(ctx: Context) -> Outcome:
             for client in clients:
                 await client.aclose()
     return outcome(ctx, "cancel-at-the-bound", problems)
+
+
+# --- half-open-doorbell, reconnect-during-probe ---------------------------------------
+
+LINGERING_SETTINGS = {"lease_ms": 6000, "poll_ms": 3000}
+"""Long enough that a wait served only by its first poll (3 s) stands out from
+one served by its probe (``PROBE_TIMEOUT_S``) or a catch-up poll."""
+HALF_OPEN_WAITS = 4
+
+
+async def _timed_hand_off(
+    holder: FifoLock,
+    waiter: FifoLock,
+    before_release: Callable[[], Awaitable[object]] | None = None,
+    after_release: Callable[[], Awaitable[object]] | None = None,
+) -> float:
+    """One hand-off from ``holder`` to a queued ``waiter``: seconds from the
+    release call to the waiter's acquire returning (the waiter then releases).
+    The hooks are awaited once the waiter is queued, and once the release
+    returned."""
+    held = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+
+    async def queued() -> bool:
+        return (await holder.status()).waiting > 0
+
+    await until(queued, "the waiter is queued", pause_s=0.005)
+    if before_release is not None:
+        await before_release()
+    released = time.monotonic()
+    await holder.release(held)
+    if after_release is not None:
+        await after_release()
+    lease = await waiting
+    took = time.monotonic() - released
+    await waiter.release(lease)
+    return took
+
+
+@scenario(
+    "half-open-doorbell",
+    kills=("probe-skipped",),
+    faults="the connection of a lingering doorbell channel goes half-open: a proxy "
+    "keeps what Redis sends on it, with no error on either side",
+)
+async def half_open_doorbell(ctx: Context) -> Outcome:
+    """One waiter process taking a lock again and again, its doorbell channel
+    lingering between waits, and that connection silently dead: the first wait
+    after it must be served within the probe's bound, not at its first poll,
+    and every later one at once, on a rebuilt subscription."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    admin = Redis.from_url(server.url)
+    with FaultProxy(host, server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        try:
+            holder = FifoLock(admin, "half-open", **LINGERING_SETTINGS)
+            waiter = FifoLock(client, "half-open", **LINGERING_SETTINGS)
+            for wait in range(HALF_OPEN_WAITS + 1):
+                if wait == 1:  # the channel lingers: its connection goes half-open
+                    await client.connection_pool.disconnect(inuse_connections=False)
+                    proxy.hold("down", current_only=True)
+                took = await _timed_hand_off(holder, waiter)
+                bound = PROBE_TIMEOUT_S + 0.5 if wait == 1 else 0.5
+                if took > bound:
+                    problems.append(
+                        f"wait {wait} was served {took:.2f} s after the release (bound "
+                        f"{bound:.1f} s): a ring lost on the silent connection waited for a poll"
+                    )
+        finally:
+            await client.aclose()
+            await admin.aclose()
+    return outcome(ctx, "half-open-doorbell", problems)
+
+
+@scenario(
+    "reconnect-during-probe",
+    kills=("reconnect-taken-for-answer",),
+    faults="a client with retries; the lingering channel's connection reset while "
+    "the wait's probe and the ring are on it: redis-py reconnects and subscribes again",
+)
+async def reconnect_during_probe(ctx: Context) -> Outcome:
+    """A wait reuses a lingering channel; its probe's answer and then the ring
+    are held on the subscription's connection, which is reset: redis-py (with
+    retries) reconnects and subscribes the channel again on its own. The
+    waiter must be served at once (its group catches up), never at its first
+    poll, in each of three rounds."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    admin = Redis.from_url(server.url)
+    with FaultProxy(host, server.port) as proxy:
+        client = Redis.from_url(proxy.url, retry=Retry(ExponentialBackoff(), 3))
+        try:
+            holder = FifoLock(admin, "reconnected", **LINGERING_SETTINGS)
+            waiter = FifoLock(client, "reconnected", **LINGERING_SETTINGS)
+            await _timed_hand_off(holder, waiter)  # the channel lingers
+            for round_ in range(3):
+                await client.connection_pool.disconnect(inuse_connections=False)
+                proxy.hold("down", current_only=True)
+                held: list[int] = []
+
+                async def probe_answered(held: list[int] = held) -> None:
+                    await until(lambda: proxy.held_bytes("down") > 0, "the probe was answered")
+                    held.append(proxy.held_bytes("down"))
+
+                async def ring_held_then_reset(held: list[int] = held) -> None:
+                    await until(lambda: proxy.held_bytes("down") > held[0], "the ring is held")
+                    proxy.reset()
+
+                took = await _timed_hand_off(holder, waiter, probe_answered, ring_held_then_reset)
+                if took > 1.0:
+                    problems.append(
+                        f"round {round_}: served {took:.2f} s after the release: the "
+                        "reconnection's confirmation was taken for the probe's answer, and "
+                        "the ring lost in the gap waited for a poll"
+                    )
+        finally:
+            await client.aclose()
+            await admin.aclose()
+    return outcome(ctx, "reconnect-during-probe", problems)

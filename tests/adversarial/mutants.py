@@ -37,6 +37,7 @@ import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
 from redis_fifo_lock.calls import SEQ_DIGITS, CallIds
 from redis_fifo_lock.doorbell import Doorbell, _text
+from redis_fifo_lock.loops import loop_context
 from redis_fifo_lock.protocol import (
     GAVE_BACK,
     RELEASED,
@@ -46,6 +47,7 @@ from redis_fifo_lock.protocol import (
     LockKeys,
     PollReply,
     Protocol,
+    RenewReply,
     Script,
 )
 from redis_fifo_lock.renewal import Renewal
@@ -142,7 +144,7 @@ class UnboundedRenewalLock(FifoLock):
         lease.__class__ = NoDeadlineLease  # the mutation, part 1: no local deadline
         return lease
 
-    async def _renew_once(self, hub: Hub, lease: Lease) -> tuple[int, int]:
+    async def _renew_once(self, hub: Hub, lease: Lease) -> RenewReply:
         call = asyncio.ensure_future(super()._renew_once(hub, lease))
         while True:
             try:
@@ -272,6 +274,25 @@ class TextProofGroup(WaitGroup):
         super().ring(token, grant)
 
 
+class ProbelessDoorbell(Doorbell):
+    """MUTANT probe-skipped: a wait that reuses a lingering channel trusts its
+    kept connection without checking it, so rings lost on a connection that died
+    silently wait for the group's first poll."""
+
+    async def _send_probe(self, channel: str) -> None:
+        return  # the mutation: no probe
+
+
+class ReconnectBlindDoorbell(Doorbell):
+    """MUTANT reconnect-taken-for-answer: a reconnection of the subscription's
+    connection by redis-py goes unnoticed, so while a probe is on its way the
+    resubscription's confirmation of the probed channel is taken for the
+    probe's answer, and a ring lost in the gap waits for a poll."""
+
+    def _reconnected(self, connection: object) -> None:
+        return  # the mutation: reconnections are not noticed
+
+
 class UnguardedDoorbell(Doorbell):
     """Part of MUTANT malformed-ring-ends-reader: a ring's proof is passed on
     whatever its form, and a ring handler that raises ends the reader task, so
@@ -350,16 +371,16 @@ class SplitGrantProtocol(Protocol):
         token = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         return token, Grant(int(reply[1]), int(reply[2]), int(reply[3]))
 
-    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int]:
-        grant, ticket, holder = await super().acquire(*args, **kwargs)
+    async def acquire(self, *args: Any, **kwargs: Any) -> tuple[Grant | None, int, int, int]:
+        grant, ticket, holder, pttl_ms = await super().acquire(*args, **kwargs)
         if grant is None:
             call = protocol_arguments(Protocol.acquire, args, kwargs)
             made = await self._hand_off(
                 call["client"], call["keys"], call["settings"].keep_ms, call["token"]
             )
             if made is not None and made[0] == call["token"]:
-                return made[1], made[1].ticket, made[1].fence
-        return grant, ticket, holder
+                return made[1], made[1].ticket, made[1].fence, made[1].pttl_ms
+        return grant, ticket, holder, pttl_ms
 
     async def release(self, *args: Any, **kwargs: Any) -> tuple[int, tuple[str, Grant] | None]:
         outcome, handover = await super().release(*args, **kwargs)
@@ -467,6 +488,12 @@ class LoopBoundHub(Hub):
     running: a doorbell subscription (or withdrawal) started by a task that the
     loop's shutdown cancelled is destroyed pending, and stays subscribed on a
     client the caller keeps."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        # Part of the mutation: the loop does not close this hub's doorbell
+        # on its own either (as it does for a hub dropped with its client).
+        loop_context().doorbells.discard(self.doorbell)
 
     async def aclose(self) -> None:
         return  # the mutation: nothing is stopped
@@ -815,7 +842,10 @@ MUTANTS: dict[str, Mutant] = {
             "a closing event loop leaves its hubs' doorbell readers, subscriptions "
             "and withdrawers running",
             hub_class=LoopBoundHub,
-            requires=((Hub.aclose, "await self.doorbell.aclose()"),),
+            requires=(
+                (Hub.aclose, "await self.doorbell.aclose()"),
+                (Hub.__init__, "loop_context().doorbells.add(self.doorbell)"),
+            ),
         ),
         Mutant(
             "owed-dropped-at-close",
@@ -863,6 +893,20 @@ MUTANTS: dict[str, Mutant] = {
                 (Doorbell._dispatch, "if not _PROOF.fullmatch(proof):"),
                 (Doorbell._dispatch, "except Exception:"),
             ),
+        ),
+        Mutant(
+            "probe-skipped",
+            "a wait on a lingering doorbell channel trusts its kept connection without "
+            "a check: rings lost on a connection that died silently wait for a poll",
+            doorbell_class=ProbelessDoorbell,
+            requires=((Doorbell.watch, "await self._send_probe(channel)"),),
+        ),
+        Mutant(
+            "reconnect-taken-for-answer",
+            "a reconnection of the doorbell's connection while a probe is on its way "
+            "goes unnoticed: its confirmation is taken for the probe's answer",
+            doorbell_class=ReconnectBlindDoorbell,
+            requires=((Doorbell._track, "register(self._reconnected)"),),
         ),
         Mutant(
             "signed-ring-dated-at-read",

@@ -229,7 +229,7 @@ async def _release_replayed(arena: Arena) -> list[str]:
         # trimmed by count, mutant history-by-count, drops it first).
         process = f"zz{round_:03d}"
         call = f"{process}/000000000001"
-        grant, _, _ = await protocol.acquire(
+        grant, _, _, _ = await protocol.acquire(
             arena.admin, keys, f"b-{round_}", process, settings, call=call, floor=call
         )
         if grant is None:
@@ -291,7 +291,7 @@ async def _floor_after_loss(arena: Arena) -> list[str]:
     arena.faults.fault("evict", "lease")
     if await arena.lock(admin).force_release(fence=fence) != fence:
         raise NotStaged("w was not the holder when evicted")
-    grant, _, _ = await protocol.acquire(  # the late copy
+    grant, _, _, _ = await protocol.acquire(  # the late copy
         admin, keys, "x", process, settings, call=later, floor=later
     )
     reply, _ = await protocol.release(
@@ -320,12 +320,14 @@ async def _floor_after_release(arena: Arena) -> list[str]:
     keys, settings, admin = lock.keys, lock.settings, arena.admin
     process = f"zh{arena.ctx.rng.getrandbits(20):05x}"  # a stand-in process, no actor
     held, later = f"{process}/000000000001", f"{process}/000000000002"
-    grant, _, _ = await protocol.acquire(admin, keys, "w", process, settings, call=held, floor=held)
+    grant, _, _, _ = await protocol.acquire(
+        admin, keys, "w", process, settings, call=held, floor=held
+    )
     if grant is None:
         raise NotStaged("the lock was not free")
     keep_ms = settings.keep_ms
     await protocol.release(admin, keys, "w", grant.fence, keep_ms, held, process, held)
-    _, ticket, _ = await protocol.acquire(
+    _, ticket, _, _ = await protocol.acquire(
         admin, keys, "q", process, settings, call=later, floor=later
     )
     await protocol.withdraw(admin, keys, "q", ticket, process, keep_ms, later, later)
@@ -350,7 +352,7 @@ async def _floor_below_kept(arena: Arena) -> list[str]:
     keys, settings, admin = lock_o.keys, lock_o.settings, arena.admin
     process = f"zk{arena.ctx.rng.getrandbits(20):05x}"  # a stand-in process, no actor
     calls = [f"{process}/{n:012x}" for n in range(6)]
-    _, ticket, _ = await protocol.acquire(
+    _, ticket, _, _ = await protocol.acquire(
         admin, keys, "w", process, settings, call=calls[1], floor=calls[1]
     )
     await protocol.acquire(admin, keys, "q", process, settings, call=calls[3], floor=calls[3])

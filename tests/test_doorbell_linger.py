@@ -1,0 +1,380 @@
+"""A doorbell channel outlives its wait by ``LINGER_S``, within bounds.
+
+One waiter per process taking a lock again and again (Celery prefork workers)
+used to open a pub/sub connection, ``SUBSCRIBE``, and drop the connection on
+every wait. The channel now stays subscribed for ``LINGER_S`` after its last
+watch, so the next wait reuses it; after that, or beyond ``MAX_LINGERING``
+channels, it is unsubscribed, and the connection is dropped once nothing is
+watched or lingers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from redis_fifo_lock import FifoLock
+from redis_fifo_lock import doorbell as doorbell_module
+from redis_fifo_lock.doorbell import LINGER_S, MAX_LINGERING, PROBE_TIMEOUT_S, Doorbell
+from redis_fifo_lock.protocol import Grant, PollReply, Protocol
+from redis_fifo_lock.waiting import hub_for
+from tests.conftest import FaultProxyFactory
+from tests.support.polling import until
+from tests.support.processes import contender, first_line
+from tests.support.proxy import FaultProxy
+
+SETTINGS = {"lease_ms": 4000, "poll_ms": 1000}
+
+
+async def _subscribes(admin: Redis) -> int:
+    stats = await admin.info("commandstats")
+    return int(stats.get("cmdstat_subscribe", {}).get("calls", 0))
+
+
+async def _connections(admin: Redis) -> int:
+    """How many connections the server has accepted so far."""
+    return int((await admin.info("stats"))["total_connections_received"])
+
+
+async def _doorbells(admin: Redis) -> list[bytes]:
+    return list(await admin.pubsub_channels("*doorbell*"))
+
+
+async def _wait_once(
+    holder: FifoLock,
+    waiter: FifoLock,
+    *,
+    before_release: Callable[[], object] | None = None,
+    after_release: Callable[[], object] | None = None,
+) -> float:
+    """One wait of ``waiter`` that is granted on a hand-off (never at once):
+    seconds from the holder's ``release`` call to the waiter's ``acquire``
+    returning. ``before_release`` runs (and is awaited, if it returns an
+    awaitable) once the waiter is queued, ``after_release`` once the holder's
+    release returned."""
+    held = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await until(
+        lambda: _has_waiter(holder), f"a waiter of {waiter.name!r} is queued", pause_s=0.005
+    )
+    await _run_hook(before_release)
+    released = time.monotonic()
+    await holder.release(held)
+    await _run_hook(after_release)
+    lease = await waiting
+    took = time.monotonic() - released
+    await waiter.release(lease)
+    return took
+
+
+async def _run_hook(hook: Callable[[], object] | None) -> None:
+    result = None if hook is None else hook()
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _no_doorbells(admin: Redis) -> bool:
+    return await _doorbells(admin) == []
+
+
+async def _has_waiter(lock: FifoLock) -> bool:
+    return (await lock.status()).waiting > 0
+
+
+async def test_waits_one_after_another_share_one_subscription(
+    aredis: Redis, redis_url: str
+) -> None:
+    client = Redis.from_url(redis_url)
+    holder = FifoLock(aredis, "serial", **SETTINGS)
+    waiter = FifoLock(client, "serial", **SETTINGS)
+    await _wait_once(holder, waiter)
+    connections = await _connections(aredis)
+    for _ in range(4):
+        await _wait_once(holder, waiter)
+    assert await _connections(aredis) == connections, "a wait opened a connection"
+    doorbell = hub_for(client).doorbell
+    assert doorbell.active
+    # Unsubscribed and the connection dropped once the linger is over.
+    await until(lambda: not doorbell.active, "the doorbell dropped", timeout_s=LINGER_S + 5)
+    await until(lambda: _no_doorbells(aredis), "the server saw the connection go")
+    await client.aclose()
+
+
+async def test_no_more_than_max_lingering_channels_stay_subscribed(
+    aredis: Redis, redis_url: str
+) -> None:
+    client = Redis.from_url(redis_url)
+    names = [f"many-{n}" for n in range(MAX_LINGERING + 8)]
+    for name in names:
+        await _wait_once(FifoLock(aredis, name, **SETTINGS), FifoLock(client, name, **SETTINGS))
+    assert 0 < len(await _doorbells(aredis)) <= MAX_LINGERING
+    await client.aclose()
+
+
+@pytest.mark.parametrize("watched", [False, True])
+async def test_a_lingering_channel_is_watched_again_when_a_new_wait_needs_it(
+    aredis: Redis, redis_url: str, watched: bool
+) -> None:
+    """After the linger: subscribed anew for the next wait, which is rung."""
+    client = Redis.from_url(redis_url)
+    holder = FifoLock(aredis, "again", **SETTINGS)
+    waiter = FifoLock(client, "again", **SETTINGS)
+    if watched:  # another channel keeps the connection open meanwhile
+        other = FifoLock(aredis, "other", **SETTINGS)
+        other_held = await other.acquire(timeout=5)
+        other_waiter = FifoLock(client, "other", **SETTINGS)
+        other_waiting = asyncio.create_task(other_waiter.acquire(timeout=20))
+    await _wait_once(holder, waiter)
+    doorbell = hub_for(client).doorbell
+    channel = waiter.keys.doorbell_of(hub_for(client).session_for(waiter.settings))
+    await until(
+        lambda: _not_subscribed(aredis, channel), "the channel unsubscribed", timeout_s=LINGER_S + 5
+    )
+    assert doorbell.active == watched
+    await aredis.config_resetstat()
+    await _wait_once(holder, waiter)
+    assert await _subscribes(aredis) == 1
+    if watched:
+        await other.release(other_held)
+        await other_waiter.release(await other_waiting)
+    await client.aclose()
+
+
+async def _not_subscribed(admin: Redis, channel: str) -> bool:
+    return channel.encode() not in await _doorbells(admin)
+
+
+# --- a wait on a channel still subscribed needs no catch-up poll ----------------
+
+
+def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The times (``time.monotonic()``) of every poll script call from now on."""
+    polls: list[float] = []
+    original = Protocol.poll
+
+    async def counted(self: Protocol, *args: Any, **kwargs: Any) -> PollReply:
+        polls.append(time.monotonic())
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Protocol, "poll", counted)
+    return polls
+
+
+async def test_a_wait_on_a_lingering_channel_sends_no_catch_up_poll(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls = _count_polls(monkeypatch)
+    client = Redis.from_url(redis_url)
+    holder = FifoLock(aredis, "no-catch-up", **SETTINGS)
+    waiter = FifoLock(client, "no-catch-up", **SETTINGS)
+    await _wait_once(holder, waiter)  # subscribes, and polls at once to catch up
+    first = len(polls)
+    assert first >= 1
+    for _ in range(4):
+        await _wait_once(holder, waiter)
+    assert len(polls) == first, "a wait on a channel still subscribed polled at once"
+    await client.aclose()
+
+
+async def test_a_ring_on_a_lingering_channel_goes_to_the_lock_s_current_group(
+    aredis: Redis, redis_url: str
+) -> None:
+    """A new wait group watches its channel only once its first acquire replied;
+    a grant rung meanwhile on the lingering channel must reach it."""
+    client = Redis.from_url(redis_url)
+    rung: list[tuple[str, Grant]] = []
+
+    def watcher(token: str, grant: Grant) -> None:
+        raise AssertionError("rung to a watch that ended")
+
+    doorbell = Doorbell(weakref.ref(client), owner=lambda channel: lambda t, g: rung.append((t, g)))
+    channel = "fifolock:{route}:doorbell:test"
+    assert await doorbell.watch(channel, watcher)
+    await doorbell.unwatch(channel, watcher)  # lingers
+    assert await aredis.publish(channel, "tok 5 7 1000 call 0 " + "a" * 40) == 1
+    await until(lambda: rung, "the ring reached the owner")
+    assert rung[0][0] == "tok" and rung[0][1].fence == 5
+    await doorbell.aclose()
+    await client.aclose()
+
+
+async def test_a_dead_holder_is_replaced_at_its_lease_s_end_for_a_wait_with_no_catch_up_poll(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The skipped poll's other duty: the first poll goes right after the
+    holder's lease runs out (as the acquire's reply tells), not ``poll_ms``
+    later, so a dead holder is still replaced within ``lease_ms``."""
+    monkeypatch.setattr(doorbell_module, "LINGER_S", 60.0)  # outlasts the holder's start
+    polls = _count_polls(monkeypatch)
+    settings = {"lease_ms": 6000, "poll_ms": 3000}
+    client = Redis.from_url(redis_url)
+    waiter = FifoLock(client, "crashed", **settings)
+    await _wait_once(FifoLock(aredis, "crashed", **settings), waiter)  # the channel lingers
+    proc = contender(
+        ["--url", redis_url],
+        tmp_path / "record",
+        *("--name", "crashed", "--lease-ms", "6000", "--poll-ms", "3000"),
+        *("--hold-ms", "600000"),
+    )
+    try:
+        assert (await first_line(proc)).startswith("granted")
+    finally:
+        proc.kill()
+        proc.wait()
+    lease_key = waiter.keys.key("lease")
+    await until(
+        lambda: _pttl_below(aredis, lease_key, 1000),
+        "the dead holder's lease runs low",
+        timeout_s=10,
+        pause_s=0.02,
+    )
+    ends_at = time.monotonic() + max(0, await aredis.pttl(lease_key)) / 1000
+    asked = time.monotonic()
+    lease = await waiter.acquire(timeout=20)
+    granted = time.monotonic()
+    assert not [t for t in polls if asked <= t < asked + 0.5], "it polled at once"
+    # A first poll after poll_ms (3 s) would come 2 s after the lease's end.
+    assert granted < ends_at + 1.0, f"granted {granted - ends_at:.2f} s after the lease's end"
+    await waiter.release(lease)
+    await client.aclose()
+
+
+async def _pttl_below(admin: Redis, key: str, ms: int) -> bool:
+    return 0 < await admin.pttl(key) < ms
+
+
+PROXIED = {"lease_ms": 6000, "poll_ms": 3000}
+"""A first poll (3 s) stands out from a ring or a probe's catch-up."""
+
+
+async def _lingering_through_a_proxy(
+    aredis: Redis, proxy: FaultProxy, name: str
+) -> tuple[FaultProxy, Redis, FifoLock, FifoLock]:
+    """A holder (``aredis``) and a waiter whose client goes through ``proxy``,
+    after one hand-off: the waiter's doorbell channel lingers."""
+    client = Redis.from_url(proxy.url)
+    holder = FifoLock(aredis, name, **PROXIED)
+    waiter = FifoLock(client, name, **PROXIED)
+    await _wait_once(holder, waiter)
+    return proxy, client, holder, waiter
+
+
+async def test_a_ring_lost_while_the_subscription_reconnects_is_caught_up_at_once(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """redis-py reconnects a broken pub/sub connection and subscribes again on
+    its own, without a word to the reader: a ring published in between is lost.
+    The channel's confirmation coming again tells the doorbell, and the lock's
+    group polls at once, rather than at its next poll (``poll_ms`` later; this
+    wait skipped its catch-up poll, its channel lingering). Found by an outside
+    attack on an earlier try at lingering subscriptions."""
+    proxy, client, holder, waiter = await _lingering_through_a_proxy(
+        aredis, fault_proxy(redis_url), "gap"
+    )
+
+    def break_the_subscription() -> None:
+        proxy.hold("up")  # the reconnection's SUBSCRIBE waits
+        assert proxy.reset() >= 1  # the subscription's connection breaks
+
+    # The release's ring goes to nobody: lost.
+    took = await _wait_once(
+        holder,
+        waiter,
+        before_release=break_the_subscription,
+        after_release=lambda: proxy.release("up"),
+    )
+    assert took < 1.0, f"the lost ring was caught up {took:.2f} s after the release"
+    await client.aclose()
+
+
+async def test_a_kept_connection_that_died_silently_delays_a_wait_by_the_probe_at_most(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """The lingering channel's connection goes half-open: the proxy keeps what
+    Redis sends on it, and no side sees an error (a NAT or middlebox that
+    dropped the flow). The next wait's probe goes unanswered: its group polls
+    and the subscription is rebuilt, within ``PROBE_TIMEOUT_S`` and not at the
+    first poll (``poll_ms``), and the waits after it are rung again. Found by
+    an outside attack on an earlier try at lingering subscriptions (each of five
+    waits in a row was served at its first poll)."""
+    proxy, client, holder, waiter = await _lingering_through_a_proxy(
+        aredis, fault_proxy(redis_url), "half-open"
+    )
+    await client.connection_pool.disconnect(inuse_connections=False)
+    proxy.hold("down", current_only=True)  # only the subscription's connection is open
+    for attempt in range(4):
+        took = await _wait_once(holder, waiter)
+        bound = PROBE_TIMEOUT_S + 0.5 if attempt == 0 else 0.5
+        assert took < bound, f"wait {attempt} was served {took:.2f} s after the release"
+    await client.aclose()
+
+
+async def test_a_reconnection_while_a_probe_is_on_its_way_still_catches_up(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """A client with retries: redis-py reconnects the subscription's connection
+    while the wait's probe is on its way, and subscribes the channel again
+    without a word to the reader. That confirmation is the reconnection's, not
+    the probe's answer (which died with the old connection): the ring lost in
+    the gap is caught up at once. Found by an outside attack on the first
+    SUBSCRIBE probe, which took it for the answer (every such wait served at
+    its first poll, 3 s)."""
+    proxy = fault_proxy(redis_url)
+    client = Redis.from_url(proxy.url, retry=Retry(ExponentialBackoff(), 3))
+    holder = FifoLock(aredis, "reconnected", **PROXIED)
+    waiter = FifoLock(client, "reconnected", **PROXIED)
+    await _wait_once(holder, waiter)  # the channel lingers
+    await client.connection_pool.disconnect(inuse_connections=False)
+    proxy.hold("down", current_only=True)  # the probe's answer and the ring wait
+    held: list[int] = []
+
+    async def probe_answered() -> None:
+        await until(lambda: proxy.held_bytes("down") > 0, "the probe was answered (held)")
+        held.append(proxy.held_bytes("down"))
+
+    async def ring_held_then_reset() -> None:
+        await until(lambda: proxy.held_bytes("down") > held[0], "the ring is held")
+        proxy.reset()  # redis-py reconnects and subscribes again, on its own
+
+    took = await _wait_once(
+        holder, waiter, before_release=probe_answered, after_release=ring_held_then_reset
+    )
+    assert took < 1.0, f"the lost ring was caught up {took:.2f} s after the release"
+    await client.aclose()
+
+
+def test_a_channel_lingering_when_its_client_is_dropped_is_closed_with_the_loop(
+    redis_url: str,
+) -> None:
+    """The client is dropped (not closed) while its channel lingers: its hub
+    goes with it, but the doorbell's subscription must still be closed when the
+    loop closes, not left to garbage collection after it (unclosed sockets and
+    'loop is closed' warnings; a CI run met this with Redis Cluster clients,
+    whose close leaves a pub/sub connection open)."""
+    doorbells: list[Doorbell] = []
+
+    async def main() -> None:
+        admin = Redis.from_url(redis_url)
+        client = Redis.from_url(redis_url)
+        await _wait_once(
+            FifoLock(admin, "dropped", **SETTINGS), FifoLock(client, "dropped", **SETTINGS)
+        )
+        doorbells.append(hub_for(client).doorbell)
+        assert doorbells[0].active  # lingering
+        await admin.aclose()
+        del client
+        gc.collect()
+
+    asyncio.run(main())
+    assert not doorbells[0].active, "the lingering subscription outlived its loop"
