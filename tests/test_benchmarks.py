@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from benchmarks.analysis import TimedHold, fifo_violations, quantile, summarize_contended
+from benchmarks.instructions import total_of
 from benchmarks.libraries import LIBRARIES, row_key, split_row_key
 from benchmarks.report import SCHEMA_VERSION, check, markdown, targets
 from benchmarks.workloads import WORKLOADS, handoff_windows
@@ -285,3 +286,11 @@ def test_a_published_full_run_is_complete_and_matches_its_report() -> None:
     assert set(WORKLOADS) <= set(results)
     assert (PUBLISHED / "RESULTS.md").read_text() == markdown(results, png="gap.png")
     assert (PUBLISHED / "gap.png").stat().st_size < 150_000
+
+
+def test_the_instruction_count_is_read_from_callgrind_s_summary() -> None:
+    head = "version: 1\ncmd: python -m benchmarks.instructions\nevents: Ir\nsummary: 4404105124\n"
+    assert total_of(head + "fn=(1) main\n12 34\ntotals: 4404105124\n") == 4404105124
+    assert total_of("events: Ir\ntotals: 17\n") == 17
+    with pytest.raises(RuntimeError, match="no instruction total in cg-out"):
+        total_of("events: Ir\nfn=(1) main\n", "cg-out")
