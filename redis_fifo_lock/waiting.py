@@ -84,7 +84,8 @@ EXPIRY_MARGIN_S = 0.002
 """How long after a lease is due to run out, in seconds, the poll that looks for
 its end is sent."""
 RETRY_AFTER_ERROR_S = 0.5
-"""Pause before a poll or withdrawal that failed to reach Redis is tried again, in seconds."""
+"""Pause before a poll or withdrawal that failed to reach Redis is tried again, in
+seconds (a poll that failed after one that was answered is tried again at once)."""
 
 WITHDRAW_TRY_S = 5.0
 """Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
@@ -192,6 +193,8 @@ class WaitGroup:
     told it, runs out at the earliest; None when nobody held it."""
     _poller: asyncio.Task[None] | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _poll_failed: bool = False
+    """The latest poll failed to reach Redis."""
 
     @property
     def session(self) -> str:
@@ -391,9 +394,16 @@ class WaitGroup:
                 self.keys.name,
                 exc.reason,
             )
+            if not self._poll_failed:
+                # The first failure after an answer may be the pooled
+                # connection's alone (reset while idle: a restart, a proxy),
+                # which redis-py has dropped; the next call opens a new one.
+                self._poll_failed = True
+                return 0.0
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
             return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)
+        self._poll_failed = False
         self._settle(reply, sent)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:

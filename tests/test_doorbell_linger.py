@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock.doorbell import LINGER_S, MAX_LINGERING, PROBE_TIMEOUT_S, Doorbell
 from redis_fifo_lock.protocol import Grant, PollReply, Protocol
-from redis_fifo_lock.waiting import hub_for
+from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, hub_for
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 from tests.support.processes import contender, first_line
@@ -378,3 +378,22 @@ def test_a_channel_lingering_when_its_client_is_dropped_is_closed_with_the_loop(
 
     asyncio.run(main())
     assert not doorbells[0].active, "the lingering subscription outlived its loop"
+
+
+async def test_a_wait_whose_client_lost_every_connection_is_served_at_once_without_retries(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """A client with no retries loses every connection at once (a Redis restart,
+    a proxy reset) while its wait is queued on a lingering channel: the ring
+    goes to nobody, and the group's catch-up poll meets a pooled connection
+    that is dead. That failure is the old connection's, not news of an outage:
+    the poll is tried again at once on a new one, not after
+    ``RETRY_AFTER_ERROR_S`` (it was served 0.52 s after the release)."""
+    proxy = fault_proxy(redis_url)
+    client = Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 0))
+    holder = FifoLock(aredis, "all-reset", **PROXIED)
+    waiter = FifoLock(client, "all-reset", **PROXIED)
+    await _wait_once(holder, waiter)  # the channel lingers
+    took = await _wait_once(holder, waiter, before_release=lambda: proxy.reset() or None)
+    assert took < 0.8 * RETRY_AFTER_ERROR_S, f"served {took:.2f} s after the release"
+    await client.aclose()

@@ -43,6 +43,7 @@ import redis_fifo_lock.protocol as protocol_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
 from redis_fifo_lock.doorbell import PROBE_TIMEOUT_S
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S
+from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena
 from tests.adversarial.clients import StagedRedis
@@ -491,12 +492,14 @@ async def cancel_at_the_bound(ctx: Context) -> Outcome:
     return outcome(ctx, "cancel-at-the-bound", problems)
 
 
-# --- half-open-doorbell, reconnect-during-probe ---------------------------------------
+# --- half-open-doorbell, reconnect-during-probe, reset-without-retries ------------
 
 LINGERING_SETTINGS = {"lease_ms": 6000, "poll_ms": 3000}
 """Long enough that a wait served only by its first poll (3 s) stands out from
 one served by its probe (``PROBE_TIMEOUT_S``) or a catch-up poll."""
 HALF_OPEN_WAITS = 4
+RESET_SERVED_S = 0.8 * RETRY_AFTER_ERROR_S
+"""Bound on a hand-off after every connection of the waiter's client was reset."""
 
 
 async def _timed_hand_off(
@@ -611,3 +614,41 @@ async def reconnect_during_probe(ctx: Context) -> Outcome:
             await client.aclose()
             await admin.aclose()
     return outcome(ctx, "reconnect-during-probe", problems)
+
+
+@scenario(
+    "reset-without-retries",
+    kills=("poll-retry-paused",),
+    faults="a client with no retries; every connection of it reset (as by a restart "
+    "or a proxy) while its wait is queued on a lingering channel",
+)
+async def reset_without_retries(ctx: Context) -> Outcome:
+    """The ring goes to nobody and the group's catch-up poll meets a dead pooled
+    connection, which redis-py (no retries) reports and drops: the poll must be
+    tried again at once on a new connection, so that each of three waits is
+    served well within ``RETRY_AFTER_ERROR_S`` of the release."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    admin = Redis.from_url(server.url)
+    with FaultProxy(host, server.port) as proxy:
+        client = Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 0))
+        try:
+            holder = FifoLock(admin, "reset-all", **LINGERING_SETTINGS)
+            waiter = FifoLock(client, "reset-all", **LINGERING_SETTINGS)
+            await _timed_hand_off(holder, waiter)  # the channel lingers
+
+            async def reset() -> None:
+                proxy.reset()
+
+            for round_ in range(3):
+                took = await _timed_hand_off(holder, waiter, reset)
+                if took > RESET_SERVED_S:
+                    problems.append(
+                        f"round {round_}: served {took:.2f} s after the release: the poll "
+                        "that met the dead connection waited before it was tried again"
+                    )
+        finally:
+            await client.aclose()
+            await admin.aclose()
+    return outcome(ctx, "reset-without-retries", problems)

@@ -218,6 +218,15 @@ class AbandoningLock(FifoLock):
         return await super()._enqueue(forgetful, group, waiter, started, deadline, requeue=requeue)
 
 
+class PausedRetryGroup(WaitGroup):
+    """MUTANT poll-retry-paused: every failed poll waits ``RETRY_AFTER_ERROR_S``
+    before the next, the first after an answered one too."""
+
+    async def _poll_once(self) -> float:
+        self._poll_failed = True
+        return await super()._poll_once()
+
+
 class DoorbellOnlyGroup(WaitGroup):
     """MUTANT doorbell-only: the poll is removed; waiters rely on the doorbell alone."""
 
@@ -812,6 +821,13 @@ MUTANTS: dict[str, Mutant] = {
                     "local alive_until = waiter and now + waiter[2] -- MUTANT",
                 ),
             ),
+        ),
+        Mutant(
+            "poll-retry-paused",
+            "a poll that met a dead pooled connection waits RETRY_AFTER_ERROR_S before "
+            "it is tried again, though the next call would open a new connection",
+            group_class=PausedRetryGroup,
+            requires=((WaitGroup._poll_once, "if not self._poll_failed:"),),
         ),
         Mutant(
             "doorbell-only",
