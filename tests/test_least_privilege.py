@@ -215,10 +215,13 @@ async def waits_one_after_another_on_a_lingering_channel(url: str, namespace: st
         for attempt in range(3):
             lease = await holder.acquire(timeout=5)
             waiting = asyncio.create_task(waiter.acquire(timeout=20))
-            await until(lambda: _waiting(holder, 1), "the waiter is queued")
-            started = time.monotonic()
-            await holder.release(lease)
-            await waiter.release(await asyncio.wait_for(waiting, 3 * HAND_OFF_S))
+            try:
+                await until(lambda: _waiting(holder, 1), "the waiter is queued")
+                started = time.monotonic()
+                await holder.release(lease)
+                await waiter.release(await asyncio.wait_for(waiting, 3 * HAND_OFF_S))
+            finally:
+                await _cancel([waiting])  # its error read, when a rule is missing
             took = time.monotonic() - started
             assert took < PROBE_TIMEOUT_S, f"wait {attempt} was rung {took:.2f} s after the release"
     finally:
