@@ -313,11 +313,15 @@ class Doorbell:
             PROBE_TIMEOUT_S,
         )
         self._steady.clear()
+        self._catch_up()
+        if self._replacer is None or self._replacer.done():
+            self._replacer = asyncio.get_running_loop().create_task(self._replace(pubsub))
+
+    def _catch_up(self) -> None:
+        """Every watched channel's group polls now: rings may have been lost."""
         if self._resubscribed is not None:
             for channel in list(self._handlers):
                 self._resubscribed(channel)
-        if self._replacer is None or self._replacer.done():
-            self._replacer = asyncio.get_running_loop().create_task(self._replace(pubsub))
 
     async def _replace(self, silent: PubSub) -> None:
         """Stop reading ``silent`` (its probe went unanswered) and rebuild the
@@ -463,6 +467,14 @@ class Doorbell:
                     # the error: read on, rings may be waiting in it already.
                     continue
                 log.debug("doorbell connection lost; resubscribing", exc_info=True)
+                if failures <= 2:
+                    # Lost, and not reconnected by redis-py (a client with no
+                    # retries; 5.0 does not reconnect a pub/sub): rings go to
+                    # nobody until the subscription is rebuilt, whose
+                    # confirmation comes a delay from now at the earliest.
+                    # Only after the first failures: during an outage the
+                    # groups' own polls keep their pace.
+                    self._catch_up()
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 await self._resubscribe(pubsub)
                 continue
