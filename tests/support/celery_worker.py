@@ -3,8 +3,9 @@
 ``running_worker`` starts ``celery -A tests.celery_tests.celery_app worker`` (or another
 app module) as a subprocess in a session of its own, counts it as started only once a ping task has
 round-tripped through that very worker, and stops it with a bounded warm
-shutdown that fails loudly (naming the knob to raise) and leaves no process
-behind. ``Log`` reads what the tasks wrote to the record (see
+shutdown that fails loudly (naming the knob to raise, with every process's
+thread stacks in the log it shows) and leaves no process behind. ``Log``
+reads what the tasks wrote to the record (see
 ``tests/celery_tests/celery_app.py``) as ``TaskHold`` records, which
 ``tests.support.record.violations`` checks.
 """
@@ -31,6 +32,7 @@ from redis import Redis
 
 from redis_fifo_lock.holds import Hold
 from tests.celery_tests import celery_app as tasks
+from tests.support.celery_main import DUMP_SIGNAL
 from tests.support.processes import alive
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -41,6 +43,10 @@ WORKER_STOP_TIMEOUT_S = 15.0
 RESULT_TIMEOUT_S = 20.0
 """Seconds to wait for one task result or record entry."""
 CONCURRENCY = 4
+STACK_DUMP_S = 1.0
+"""Seconds a stuck worker's processes get to write their stacks before SIGKILL."""
+STUCK_LOG_LINES = 400
+"""Lines of a stuck worker's log (with its stack dumps) in the failure message."""
 
 
 @dataclass
@@ -77,12 +83,16 @@ def _stop(worker: Worker) -> None:
     if process.returncode == 0 and not alive(process.pid, group=True):
         return
     if alive(process.pid, group=True):
+        # Every process of the worker writes its threads' stacks to the log first.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, DUMP_SIGNAL)
+        time.sleep(STACK_DUMP_S)  # no event tells when a dump is written
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=5)
     pytest.fail(
         f"{worker.pool} worker did not stop cleanly within {WORKER_STOP_TIMEOUT_S} s of "
         f"SIGTERM (exit code {process.returncode}; raise WORKER_STOP_TIMEOUT_S if it needs "
-        f"longer):\n{worker.log_tail()}"
+        f"longer):\n{worker.log_tail(STUCK_LOG_LINES)}"
     )
 
 
@@ -122,7 +132,7 @@ def running_worker(
             [
                 sys.executable,
                 "-m",
-                "celery",
+                "tests.support.celery_main",
                 "-A",
                 app,
                 "worker",
