@@ -33,7 +33,7 @@ from redis import Redis
 from redis_fifo_lock.holds import Hold
 from tests.celery_tests import celery_app as tasks
 from tests.support.celery_main import DUMP_SIGNAL
-from tests.support.processes import alive
+from tests.support.processes import alive, group_members
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_START_TIMEOUT_S = 30.0
@@ -43,8 +43,8 @@ WORKER_STOP_TIMEOUT_S = 15.0
 RESULT_TIMEOUT_S = 20.0
 """Seconds to wait for one task result or record entry."""
 CONCURRENCY = 4
-STACK_DUMP_S = 1.0
-"""Seconds a stuck worker's processes get to write their stacks before SIGKILL."""
+STACK_DUMP_S = 0.3
+"""Seconds each process of a stuck worker gets to write its stacks before the next."""
 STUCK_LOG_LINES = 400
 """Lines of a stuck worker's log (with its stack dumps) in the failure message."""
 
@@ -83,10 +83,12 @@ def _stop(worker: Worker) -> None:
     if process.returncode == 0 and not alive(process.pid, group=True):
         return
     if alive(process.pid, group=True):
-        # Every process of the worker writes its threads' stacks to the log first.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, DUMP_SIGNAL)
-        time.sleep(STACK_DUMP_S)  # no event tells when a dump is written
+        # Every process of the worker writes its threads' stacks to the log
+        # first, one after another so that the dumps do not interleave.
+        for pid in group_members(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, DUMP_SIGNAL)
+            time.sleep(STACK_DUMP_S)  # no event tells when a dump is written
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=5)
     pytest.fail(

@@ -37,6 +37,20 @@ def alive(pid: int, *, group: bool = False) -> bool:
     return True
 
 
+def group_members(pgid: int) -> list[int]:
+    """The process ids of process group ``pgid``, lowest first (Linux: from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name (field 2) is in parentheses and may hold spaces.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:  # fields: state, ppid, pgrp, ...
+            members.append(int(stat.parent.name))
+    return sorted(members)
+
+
 def contender(connection: Sequence[str], record: Path, *args: str) -> subprocess.Popen[str]:
     """Start ``tests.support.contender`` with ``connection`` arguments; read its
     stdout lines (``granted`` / ``queued ...``)."""
