@@ -90,6 +90,16 @@ FAILURES = (RedisError, RedisClusterException, OSError)
 """What a pub/sub call raises when Redis (or a cluster node) cannot be reached.
 ``RedisClusterException`` (e.g. ``SlotNotCoveredError``) is not a ``RedisError``."""
 
+PUBSUB_FAILURES: tuple[type[Exception], ...] = (*FAILURES, RuntimeError, AttributeError)
+"""What a call on the subscription's connection raises when that connection
+breaks: ``FAILURES``, and what redis-py raises instead when the reader's
+``get_message`` and a ``SUBSCRIBE`` (a probe, a new channel) or ``UNSUBSCRIBE``
+meet on a connection it is reconnecting - ``RuntimeError`` ("read() called while
+another coroutine is already waiting for incoming data", both reading the
+handshake) or ``AttributeError`` (the connection's writer gone under the other
+call). Seen with redis-py 8 and the subscription's connection killed every few
+ms; uncaught, it ended the wait group's poller, and its waiter hung."""
+
 _warned_no_pubsub: set[type] = set()
 """Client classes already warned about having no asyncio pub/sub, in this process."""
 
@@ -198,8 +208,12 @@ class Doorbell:
             self._unanswered.append(("subscribe", channel))
             try:
                 await self._pubsub.subscribe(channel)
-            except BaseException:
+            except BaseException as exc:
                 _forget(self._unanswered, ("subscribe", channel))
+                if isinstance(exc, PUBSUB_FAILURES) and not isinstance(exc, FAILURES):
+                    raise redis.ConnectionError(
+                        f"the subscription's connection broke under the SUBSCRIBE ({exc!r})"
+                    ) from exc
                 raise
             self._track(self._pubsub)
             if self._reader is None or self._reader.done():
@@ -248,7 +262,7 @@ class Doorbell:
         self._unanswered.append(("unsubscribe", channel))
         try:
             await pubsub.unsubscribe(channel)
-        except FAILURES:
+        except PUBSUB_FAILURES:
             _forget(self._unanswered, ("unsubscribe", channel))
             log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
 
@@ -265,7 +279,7 @@ class Doorbell:
         self._unanswered.append(("subscribe", channel))
         try:
             await pubsub.subscribe(channel)
-        except FAILURES:
+        except PUBSUB_FAILURES:
             _forget(self._unanswered, ("subscribe", channel))
             self._end_probe()
             self._steady.pop(channel, None)
@@ -456,7 +470,7 @@ class Doorbell:
                 failures = 0
                 self._refused(exc)
                 continue
-            except FAILURES:
+            except PUBSUB_FAILURES:
                 self._steady.clear()  # rings may have been lost meanwhile
                 self._end_probe()  # its answer is lost; a resubscription catches up
                 if not self._handlers and await self._abandon(pubsub):
@@ -748,7 +762,7 @@ def _connected(pubsub: PubSub) -> bool:
 async def _close(pubsub: PubSub) -> None:
     try:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-    except FAILURES:
+    except PUBSUB_FAILURES:
         log.debug("doorbell: closing the pub/sub connection failed", exc_info=True)
 
 

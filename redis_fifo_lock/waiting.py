@@ -341,6 +341,20 @@ class WaitGroup:
             )
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
+        except ClientDropped:
+            raise
+        except Exception:
+            # A failure the doorbell should have handled: a bug, said loudly.
+            # The doorbell is only an optimisation, and this task is the
+            # group's poller: ending it would leave its waiters to nobody.
+            log.exception(
+                "FIFO lock %r: the doorbell failed unexpectedly; waiters rely on polling "
+                "every %d ms",
+                self.keys.name,
+                self.settings.poll_ms,
+            )
+            await self.hub.doorbell.unwatch(channel, self.ring)
+            return False
         left_s = deadline - self.hub.loop.time()
         client = self.hub.client  # held for the check: its claim is handed back on it
         if watching and left_s > 0 and claim_ringing_check(client, self.keys):

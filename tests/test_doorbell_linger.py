@@ -397,3 +397,91 @@ async def test_a_wait_whose_client_lost_every_connection_is_served_at_once_witho
     took = await _wait_once(holder, waiter, before_release=lambda: proxy.reset() or None)
     assert took < 0.8 * RETRY_AFTER_ERROR_S, f"served {took:.2f} s after the release"
     await client.aclose()
+
+
+RACE = RuntimeError("read() called while another coroutine is already waiting for incoming data")
+"""What redis-py 8 raises from a ``SUBSCRIBE`` that meets the reader's
+reconnection of the subscription's connection (seen under an outside attack
+that killed that connection every few ms)."""
+
+
+def _failing_once(pubsub: Any, method: str, error: Exception) -> None:
+    """Make ``pubsub.<method>`` raise ``error`` on its next call, and work after."""
+    original = getattr(pubsub, method)
+
+    async def fail(*args: Any, **kwargs: Any) -> Any:
+        setattr(pubsub, method, original)
+        raise error
+
+    setattr(pubsub, method, fail)
+
+
+async def test_a_probe_that_meets_a_reconnection_leaves_its_group_polling(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """The probe of a lingering channel meets redis-py reconnecting the
+    subscription's connection, which raises a ``RuntimeError`` rather than a
+    connection error, and the ring is lost. The group must still poll: its
+    waiter is served by its first poll at the latest. Before, the error ended
+    the group's poller, and the waiter was never served (an outside attack:
+    waits that hung on a free lock, 'Task exception was never retrieved')."""
+    unhandled: list[object] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
+    proxy, client, holder, waiter = await _lingering_through_a_proxy(
+        aredis, fault_proxy(redis_url), "probe-race"
+    )
+    await client.connection_pool.disconnect(inuse_connections=False)
+    proxy.hold("down", current_only=True)  # the ring is lost on the subscription's connection
+    doorbell = hub_for(client).doorbell
+    assert doorbell._pubsub is not None
+    _failing_once(doorbell._pubsub, "subscribe", RACE)
+    took = await _wait_once(holder, waiter)
+    assert took < PROXIED["poll_ms"] / 1000 + 1.0, f"served {took:.2f} s after the release"
+    await client.aclose()
+    gc.collect()
+    assert unhandled == []
+
+
+async def test_a_reader_that_meets_a_reconnection_reads_on_and_catches_up(
+    aredis: Redis, redis_url: str
+) -> None:
+    """The doorbell's reader gets what redis-py raises when a ``SUBSCRIBE`` tears
+    its connection down under it (``AttributeError``): it takes that for a
+    broken connection, as for a connection error, and its waiter is served at
+    once. Before, the reader died of it, and every ring after it was lost."""
+    client = Redis.from_url(redis_url)
+    holder = FifoLock(aredis, "reader-race", **PROXIED)
+    waiter = FifoLock(client, "reader-race", **PROXIED)
+    await _wait_once(holder, waiter)  # the channel lingers, its reader reading
+    doorbell = hub_for(client).doorbell
+    assert doorbell._pubsub is not None
+    broken = AttributeError("'NoneType' object has no attribute 'writelines'")
+    _failing_once(doorbell._pubsub, "get_message", broken)
+    await doorbell._pubsub.connection.disconnect()  # wakes the reader into the failing read
+    for attempt in range(3):
+        took = await _wait_once(holder, waiter)
+        assert took < 1.0, f"wait {attempt} was served {took:.2f} s after the release"
+    await client.aclose()
+
+
+async def test_a_doorbell_failure_it_did_not_expect_leaves_the_waiters_polling(
+    aredis: Redis, redis_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doorbell is only an optimisation: whatever it raises, the group's
+    poller lives on, its waiters are served by polls, and the failure is
+    logged as an error, with its traceback."""
+    client = Redis.from_url(redis_url)
+    holder = FifoLock(aredis, "doorbell-bug", **SETTINGS)
+    waiter = FifoLock(client, "doorbell-bug", **SETTINGS)
+
+    async def broken_watch(self: Doorbell, channel: str, ring: object) -> bool:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(Doorbell, "watch", broken_watch)
+    took = await _wait_once(holder, waiter)
+    assert took < SETTINGS["poll_ms"] / 1000 + 1.0, f"served {took:.2f} s after the release"
+    assert any(
+        record.levelname == "ERROR" and "doorbell failed unexpectedly" in record.getMessage()
+        for record in caplog.records
+    )
+    await client.aclose()
