@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
+import random
 import sys
 import threading
 import time
@@ -38,6 +41,7 @@ from urllib.parse import urlsplit
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import RedisError
 
 import redis_fifo_lock.protocol as protocol_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
@@ -652,3 +656,84 @@ async def reset_without_retries(ctx: Context) -> Outcome:
             await client.aclose()
             await admin.aclose()
     return outcome(ctx, "reset-without-retries", problems)
+
+
+# --- pubsub-kill-storm ------------------------------------------------------------
+
+STORM_WAITS = 300
+STORM_KILL_MS = (1, 30)
+"""Pause range (ms) between two kills of every pub/sub connection on the server."""
+STORM_SETTINGS = {"lease_ms": 4000, "poll_ms": 1000}
+STORM_CAP_S = (STORM_SETTINGS["lease_ms"] + STORM_SETTINGS["poll_ms"]) / 1000 + 1.0
+"""Longest a wait may take from the release: a lost ring is found by a poll."""
+
+
+class _Errors(logging.Handler):
+    """Keeps the ERROR records of the lock's loggers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage()[:200])
+
+
+@scenario(
+    "pubsub-kill-storm",
+    kills=("pubsub-races-unhandled",),
+    faults="every pub/sub connection killed (CLIENT KILL TYPE pubsub) every 1-30 ms "
+    "while one waiter, whose channel lingers, takes the lock after hand-offs",
+)
+async def pubsub_kill_storm(ctx: Context) -> Outcome:
+    """redis-py, reconnecting the subscription's connection as the reader reads
+    and a probe subscribes, raises ``RuntimeError`` or ``AttributeError``
+    instead of a connection error: the doorbell must take those for the
+    connection's failure. Each wait is served (by its ring, a catch-up poll or
+    its first poll) within ``STORM_CAP_S``; no exception reaches the loop's
+    handler, and nothing is logged as an error. Found by an outside attack,
+    which left waiters hanging on a free lock."""
+    server = ctx.servers()
+    problems: list[str] = []
+    unhandled: list[str] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unhandled.append(str(context)[:200]))
+    errors = _Errors()
+    logging.getLogger("redis_fifo_lock").addHandler(errors)
+    admin = Redis.from_url(server.url)
+    client = Redis.from_url(server.url)
+    rng = random.Random(ctx.rng.getrandbits(32))
+
+    async def storm() -> None:
+        while True:
+            await asyncio.sleep(rng.uniform(*STORM_KILL_MS) / 1000)
+            with contextlib.suppress(RedisError):
+                await admin.client_kill_filter(_type="pubsub")
+
+    killer = asyncio.create_task(storm())
+    try:
+        holder = FifoLock(admin, "storm", **STORM_SETTINGS)
+        waiter = FifoLock(client, "storm", **STORM_SETTINGS)
+        for wait in range(STORM_WAITS):
+            held = await holder.acquire(timeout=STORM_CAP_S)
+            waiting = asyncio.create_task(waiter.acquire())
+            await asyncio.sleep(0.01)
+            await holder.release(held)
+            done, _ = await asyncio.wait({waiting}, timeout=STORM_CAP_S)
+            if not done:
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+                problems.append(f"wait {wait} was not served {STORM_CAP_S:g} s after the release")
+                break
+            await waiter.release(waiting.result())
+    finally:
+        killer.cancel()
+        await asyncio.gather(killer, return_exceptions=True)
+        await client.aclose()
+        await admin.aclose()
+        logging.getLogger("redis_fifo_lock").removeHandler(errors)
+        gc.collect()  # a dead task's unretrieved exception is reported now
+        loop.set_exception_handler(None)
+    problems += [f"reached the loop's exception handler: {text}" for text in unhandled[:3]]
+    problems += [f"logged as an error: {text}" for text in errors.messages[:3]]
+    return outcome(ctx, "pubsub-kill-storm", problems)

@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import redis_fifo_lock.calls as calls_module
+import redis_fifo_lock.doorbell as doorbell_module
 import redis_fifo_lock.protocol as protocol_module
 import redis_fifo_lock.renewal as renewal_module
 import redis_fifo_lock.waiting as waiting_module
@@ -821,6 +822,13 @@ MUTANTS: dict[str, Mutant] = {
                     "local alive_until = waiter and now + waiter[2] -- MUTANT",
                 ),
             ),
+        ),
+        Mutant(
+            "pubsub-races-unhandled",
+            "the doorbell takes only connection errors for a broken subscription, not "
+            "the RuntimeError / AttributeError redis-py raises when a SUBSCRIBE and the "
+            "reader meet its reconnection",
+            patches=((doorbell_module, "PUBSUB_FAILURES", doorbell_module.FAILURES),),
         ),
         Mutant(
             "poll-retry-paused",
