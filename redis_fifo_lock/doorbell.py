@@ -46,7 +46,12 @@ from collections.abc import Callable
 import redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from .acl import RULES_HINT, refusal
 from .errors import ClientDropped
@@ -463,12 +468,21 @@ class Doorbell:
                 message = await pubsub.get_message(timeout=None)
             except asyncio.CancelledError:
                 raise
-            except ResponseError as exc:
-                # An error reply: the server refused a SUBSCRIBE or UNSUBSCRIBE
-                # (its ACL); the connection is fine, and resubscribing would only
-                # be refused again.
+            except NoPermissionError as exc:
+                # The server refused a SUBSCRIBE or UNSUBSCRIBE (its ACL, which
+                # answers NOPERM); the connection is fine, and resubscribing
+                # would only be refused again.
                 failures = 0
                 self._refused(exc)
+                continue
+            except ResponseError:
+                # Another error reply answers no SUBSCRIBE of ours: the
+                # handshake of a reconnection, read by this reader as redis-py
+                # reconnected under a SUBSCRIBE (``CLIENT SETINFO`` on a server
+                # before Redis 7.2). Taken for a refusal, it failed a pending
+                # watch and was reported as an ACL refusal.
+                failures = 0
+                log.debug("doorbell: an error reply that answers no subscription", exc_info=True)
                 continue
             except PUBSUB_FAILURES:
                 self._steady.clear()  # rings may have been lost meanwhile

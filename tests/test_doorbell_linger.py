@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ResponseError
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock import doorbell as doorbell_module
@@ -484,4 +486,33 @@ async def test_a_doorbell_failure_it_did_not_expect_leaves_the_waiters_polling(
         record.levelname == "ERROR" and "doorbell failed unexpectedly" in record.getMessage()
         for record in caplog.records
     )
+    await client.aclose()
+
+
+async def test_an_error_reply_of_a_reconnection_handshake_is_no_refusal(
+    aredis: Redis, redis_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py, reconnecting the subscription's connection under a ``SUBSCRIBE``,
+    can leave its handshake's error reply (``CLIENT SETINFO`` on a server
+    before Redis 7.2) to the doorbell's reader. That reply answers no
+    subscription: the wait is rung as usual, and nothing is reported as an ACL
+    refusal. Before, it failed the pending watch and was reported as "Redis's
+    ACL refused the doorbell" (an outside attack: 23 times in 300 waits)."""
+    stray = ResponseError("unknown subcommand 'SETINFO'. Try CLIENT HELP.")
+    original = PubSub.get_message
+    strays = [stray]
+
+    async def get_message(self: PubSub, *args: Any, **kwargs: Any) -> Any:
+        if strays:
+            raise strays.pop()
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PubSub, "get_message", get_message)
+    client = Redis.from_url(redis_url)
+    holder = FifoLock(aredis, "stray-reply", **PROXIED)
+    waiter = FifoLock(client, "stray-reply", **PROXIED)
+    took = await _wait_once(holder, waiter)
+    assert not strays, "the stray reply was not read"
+    assert took < 1.0, f"served {took:.2f} s after the release"
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
     await client.aclose()
