@@ -59,6 +59,12 @@ MANAGE_PY = Path(__file__).resolve().parent / "manage.py"
 STOP_GRACE_S = 10.0
 """Seconds a child gets to stop gracefully before its group is killed."""
 
+WORKER_STOP_GRACE_S = 40.0
+"""Seconds the Celery worker gets to stop gracefully. A prefork child whose last
+result its parent has not counted when the warm shutdown begins waits up to
+30 s for it (billiard's ``Worker._ensure_messages_consumed``), while the parent
+waits for the child to exit; the stacks of a worker killed at 10 s showed both."""
+
 READY_TIMEOUT_S = 60.0
 """Seconds each server gets to become ready."""
 
@@ -121,11 +127,13 @@ class Child:
         name: short name, also of its log file (str).
         process: the process.
         stop_signal: the signal that asks it to stop gracefully.
+        grace_s: seconds it gets to stop on that signal before it is killed.
     """
 
     name: str
     process: subprocess.Popen[bytes]
     stop_signal: signal.Signals
+    grace_s: float = STOP_GRACE_S
 
 
 class Children:
@@ -135,8 +143,9 @@ class Children:
     decides the order of shutdown (commands, web server, worker, then Redis)
     and the signal: a management command gets SIGINT, as on Ctrl-C, so that it
     leaves the lock's ``with`` block and releases or withdraws at once; uvicorn
-    and Celery get SIGTERM, their graceful stop. After ``STOP_GRACE_S`` the
-    child's whole group is SIGKILLed, which also reaches the prefork pool.
+    and Celery get SIGTERM, their graceful stop. After ``STOP_GRACE_S``
+    (``WORKER_STOP_GRACE_S`` for the worker) the child's whole group is
+    SIGKILLed, which also reaches the prefork pool.
     """
 
     def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
@@ -147,7 +156,11 @@ class Children:
         self._guard = threading.Lock()
 
     def start(
-        self, name: str, argv: Sequence[str], stop_signal: signal.Signals = signal.SIGTERM
+        self,
+        name: str,
+        argv: Sequence[str],
+        stop_signal: signal.Signals = signal.SIGTERM,
+        grace_s: float = STOP_GRACE_S,
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` with output to ``<run_dir>/<name>.log``.
 
@@ -155,6 +168,8 @@ class Children:
             name: a short name for messages and the log file (str).
             argv: the command line.
             stop_signal: the signal ``stop`` sends first.
+            grace_s: seconds (float) ``stop_all`` waits after it before killing;
+                default ``STOP_GRACE_S``.
 
         Returns:
             The started process.
@@ -174,7 +189,7 @@ class Children:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            self.running.append(Child(name, process, stop_signal))
+            self.running.append(Child(name, process, stop_signal, grace_s))
         return process
 
     def log_path(self, name: str) -> Path:
@@ -216,7 +231,7 @@ class Children:
             self.closed = True
             running = list(reversed(self.running))
         for child in running:
-            self.stop(child.process)
+            self.stop(child.process, child.grace_s)
 
 
 def wait_until(
@@ -298,6 +313,7 @@ def start_worker(children: Children, node: str, workers: int) -> subprocess.Pope
             "--without-mingle",
             "--without-heartbeat",
         ],
+        grace_s=WORKER_STOP_GRACE_S,
     )
 
     def answers() -> bool:
