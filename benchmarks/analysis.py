@@ -22,6 +22,11 @@ Definitions (the Markdown report and ``benchmarks/README.md`` repeat them):
   lock serves nobody during it, whoever the next holder is, so the release's
   own round trip is inside it. It is never negative unless mutual exclusion
   failed (see *overlap*).
+- **hold**: from the moment a holder's ``acquire`` returned to the moment it
+  called ``release``: the critical section as the contender saw it, its sleep
+  (none, or 1 ms) and the time its thread or event loop took to run it again.
+  One grant takes a hold and an idle gap, so grants/s is about 1 / (mean hold
+  + mean idle gap); ``hold_us`` and ``hold_mean_us``.
 - **hand-off** (secondary): two consecutive grants to *different* contenders;
   ``handoffs_per_s`` counts them and ``handoff_gap_us`` is the idle gap of
   those pairs only. The other pairs are *re-acquisitions*.
@@ -214,6 +219,7 @@ def summarize_contended(
     gaps = [pair.gap_ns for pair in measured]
     handoff_gaps = [pair.gap_ns for pair in handoffs]
     waits = [(hold.entered_ns - hold.arrival_ns) / 1e6 for hold in inside]
+    held_us = [(hold.exited_ns - hold.entered_ns) / 1000 for hold in inside]
     inside_ids = {id(hold) for hold in inside}
 
     def count_inside(overtakes: list[tuple[TimedHold, int]]) -> int:
@@ -240,6 +246,8 @@ def summarize_contended(
         "gap_p50_ping": _ratio(gaps, 50, ping_ns),
         "gap_p99_ping": _ratio(gaps, 99, ping_ns),
         "handoff_gap_us": distribution([ns / 1000 for ns in handoff_gaps]),
+        "hold_us": distribution(held_us),
+        "hold_mean_us": statistics.fmean(held_us) if held_us else None,
         "wait_ms": distribution(waits),
         "fifo_violations_call_order": len(by_call),
         "fifo_worst_overtake_ms": max((gap for _, gap in by_call), default=0) / 1e6,

@@ -363,6 +363,9 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
             "holder *called* release (stamp taken just before the call) to the moment the "
             "next holder's acquire returned, both on the machine-wide monotonic clock; p50 / "
             f"p99 in µs, and in {TIMES} the in-run PING (and the quiet PING).",
+            "- **hold**: from a holder's acquire returning to its call of release: the "
+            "critical section's sleep and the time the contender's thread or event loop "
+            "took to run it again; p50 / mean in µs. A grant takes a hold and an idle gap.",
             "- **hand-offs/s**: grants to a contender other than the previous holder "
             "(secondary); their own idle gap p50 / p99 is the next column.",
             "- **CPU µs / grant**: CPU time of all contender processes (client) and of Redis "
@@ -389,6 +392,8 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
                         f"{_fmt(row['gap_p50_ping'], 2)} / {_fmt(row['gap_p99_ping'], 2)}",
                         f"{_fmt(row.get('gap_p50_quiet_ping'), 2)} / "
                         f"{_fmt(row.get('gap_p99_quiet_ping'), 2)}",
+                        f"{_fmt(row.get('hold_us', {}).get('p50'), 0)} / "
+                        f"{_fmt(row.get('hold_mean_us'), 0)}",
                         _fmt(row.get("ping_during_us", {}).get(f"{kind(key)}_p50"), 0),
                         _fmt(row["handoffs_per_s"], 0),
                         f"{_fmt(hand.get('p50'), 0)} / {_fmt(hand.get('p99'), 0)}",
@@ -411,6 +416,7 @@ def markdown(results: dict[str, Any], png: str | None = None) -> str:
                     "idle gap p50 / p99 µs",
                     f"{TIMES} in-run PING",
                     f"{TIMES} quiet PING",
+                    "hold p50 / mean µs",
                     "in-run PING µs",
                     "hand-offs/s",
                     "hand-off gap p50 / p99 µs",

@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             f"{summary['grants_per_s']:.0f} grants/s, idle gap p50 "
                             f"{summary['gap_p50_us'] or float('nan'):.0f} µs = "
                             f"{summary['gap_p50_ping'] or float('nan'):.2f}x PING, "
+                            f"hold mean {summary['hold_mean_us'] or float('nan'):.0f} µs, "
                             f"{summary['handoffs_per_s']:.0f} hand-offs/s, "
                             f"overtakes {summary['fifo_violations_call_order']}"
                         )

@@ -73,6 +73,19 @@ def test_every_grant_counts_and_the_idle_gap_runs_from_the_release_call() -> Non
     assert summary["fifo_worst_overtake_ms"] == (151 - 1) / 1e6
 
 
+def test_the_hold_runs_from_the_acquire_return_to_the_release_call() -> None:
+    holds = [
+        hold(0, 0, 100, release=130, released=140),
+        hold(1, 1, 150, release=160, released=165),
+        hold(2, 2, 170, release=240, released=250),
+        hold(3, 3, 2000, release=2100),  # outside the window
+    ]
+    summary = summarize_contended(holds, (0, 1000), ping_ns=1)
+    assert summary["hold_us"]["p50"] == 30 / 1000
+    assert summary["hold_us"]["p100"] == 70 / 1000
+    assert summary["hold_mean_us"] == pytest.approx((30 + 10 + 70) / 3 / 1000)
+
+
 def test_only_grants_inside_the_window_are_measured() -> None:
     holds = [hold(i % 2, 10 * i, 10 * i + 5) for i in range(10)]
     summary = summarize_contended(holds, (30, 70), ping_ns=1)
@@ -144,6 +157,8 @@ def results_for(keys: list[str]) -> dict[str, Any]:
         "gap_p99_ping": 5.0,
         "gap_p50_quiet_ping": 2.0,
         "gap_p99_quiet_ping": 9.0,
+        "hold_us": {"p50": 1012.0},
+        "hold_mean_us": 1234.0,
         "client_cpu_us_per_grant": 300.0,
         "server_cpu_us_per_grant": 100.0,
         "fifo_violations_call_order": 0,
@@ -267,6 +282,7 @@ def test_the_report_puts_each_definition_next_to_its_numbers() -> None:
         row.update(script_calls_per_s=0.0, rss_per_waiter_kib=1.0)
     text = markdown(results)
     assert "*called* release" in text and "grants/s" in text
+    assert "hold p50 / mean µs" in text and "| 1,012 / 1,234 |" in text
     assert "`fifolock+hiredis`" in text
     assert "## Round trips per hand-off" in text
 
