@@ -195,8 +195,10 @@ def forgets_lease(fault: Fault) -> bool:
 
 
 def liveness_threat(fault: Fault) -> bool:
-    """Whether ``fault`` can cost a waiter its place or reorder the queue."""
-    if fault.kind == "delete":
+    """Whether ``fault`` can cost a waiter its place or reorder the queue: a
+    deletion or an eviction (whose detail names the keys it may take) of a key
+    that holds the queue, or a fault of ``LIVENESS_THREATS``."""
+    if fault.kind in {"delete", "evict"}:
         parts = set(fault.detail.split(","))
         return bool(parts & {"queue", "waiters", "alive"})
     return fault.kind in LIVENESS_THREATS
