@@ -64,9 +64,10 @@ async def evict_lease(arena: Arena) -> list[str]:
     faults="the lease key evicted under a tiny maxmemory with volatile-ttl",
 )
 async def lease_evicted(ctx: Context) -> Outcome:
-    """The lease vanishes under a holder: it learns at its next renewal (lease.lost,
-    LeaseLost at release), the queue goes on in order, a newcomer waits its turn,
-    and the holder's late release frees nobody else."""
+    """The lease vanishes under a holder (with the other keys of the lock, see
+    ``evict_lease``): it learns at its next renewal (lease.lost, LeaseLost at
+    release), every waiter and a newcomer are served, and the holder's late
+    release frees nobody else."""
     server = ctx.servers(["--maxmemory-policy", "volatile-ttl"])
     arena = Arena(ctx, server.url, "evicted")
     try:
