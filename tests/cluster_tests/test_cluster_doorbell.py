@@ -227,13 +227,23 @@ async def test_the_doorbell_moves_to_a_live_node_when_its_node_dies_for_good(
     lease = await holder_lives.acquire()
     stuck = asyncio.create_task(waiter_dies.acquire())
     await until(lambda: _waiting(holder_dies, 1), "a waiter is queued on the dying master")
-    assert len(subscribers([dead], f"{waiter_dies.keys.doorbell}:*")) == 1
+    # The SUBSCRIBE travels on its own connection: the queue entry may be seen
+    # before it is.
+    await until(
+        lambda: asyncio.to_thread(
+            lambda: len(subscribers([dead], f"{waiter_dies.keys.doorbell}:*")) == 1
+        ),
+        "the doorbell is subscribed on the dying master",
+    )
     waiting = []
     for count in range(1, 3):
         waiting.append(asyncio.create_task(waiter_lives.acquire()))
         await until(lambda n=count: _waiting(holder_lives, n), f"{count} waiter(s) queued")
     pattern = f"{waiter_lives.keys.doorbell}:*"
-    assert len(subscribers([dead], pattern)) == 1  # riding on the same connection
+    await until(  # riding on the same connection
+        lambda: asyncio.to_thread(lambda: len(subscribers([dead], pattern)) == 1),
+        "the second doorbell channel is subscribed on the dying master",
+    )
 
     replicated_cluster.kill(dead_replica)
     replicated_cluster.kill(dead)
