@@ -15,6 +15,9 @@ default settings:
 - ``pottery``: ``Redlock(key=name, masters={client})`` on one server
   (auto-release after 10 s, retries after a random 0-0.2 s).
 
+A yardstick (``YARDSTICKS``) is not a library: ``fifo-floor`` is the bare FIFO
+hand-off of ``benchmarks/floor.py``, run only when ``--only`` names it.
+
 One adapter object is made per contender (task or thread): several of these
 libraries keep the owner's token on the lock object.
 
@@ -399,7 +402,31 @@ LIBRARIES: tuple[Library, ...] = (
     ),
 )
 
-BY_KEY = {library.key: library for library in LIBRARIES}
+
+def _fifo_floor(conn: Connection, name: str, lease_ms: int | None) -> AsyncContender:
+    from benchmarks.floor import FifoFloor  # it imports this module
+
+    return FifoFloor(conn, name, lease_ms)
+
+
+YARDSTICKS: tuple[Library, ...] = (
+    Library(
+        "fifo-floor",
+        "bare FIFO hand-off (benchmarks/floor.py; no safety, a yardstick)",
+        "async",
+        False,
+        "redis",
+        _fifo_floor,
+    ),
+)
+"""Not locks to use: run only when named with ``--only``, and only in the
+workloads of ``YARDSTICK_WORKLOADS``."""
+
+YARDSTICK_WORKLOADS = ("uncontended", "contended")
+"""The workloads a yardstick can run: the others hold the lock through an idle
+window, kill a holder or count keys, which a yardstick does not survive."""
+
+BY_KEY = {library.key: library for library in (*LIBRARIES, *YARDSTICKS)}
 
 
 def holder_kind(library: Library) -> Library:

@@ -77,6 +77,8 @@ from benchmarks.libraries import (
     BY_KEY,
     LIBRARIES,
     PARSERS,
+    YARDSTICK_WORKLOADS,
+    YARDSTICKS,
     Library,
     Parser,
     available_parsers,
@@ -299,7 +301,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out", type=Path, help="output directory (default: benchmarks/results/<size>)"
     )
     parser.add_argument(
-        "--only", nargs="+", choices=[lib.key for lib in LIBRARIES], help="libraries to run"
+        "--only",
+        nargs="+",
+        choices=[lib.key for lib in (*LIBRARIES, *YARDSTICKS)],
+        help="libraries to run (default: every library, no yardstick)",
     )
     parser.add_argument(
         "--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS), help="what to run"
@@ -317,7 +322,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--idle-seconds", type=float, help="override the idle window")
     parser.add_argument("--contended-seconds", type=float, help="override the contended window")
     parser.add_argument("--idle-waiters", type=int, nargs="+", help="override the idle crowd sizes")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    yardsticks = {lib.key for lib in YARDSTICKS} & set(args.only or ())
+    beyond = sorted(set(args.workloads) - set(YARDSTICK_WORKLOADS))
+    if yardsticks and beyond:
+        parser.error(
+            f"yardstick {', '.join(sorted(yardsticks))} runs only the workloads "
+            f"{', '.join(YARDSTICK_WORKLOADS)}; drop it or pass --workloads without "
+            f"{', '.join(beyond)}"
+        )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
