@@ -29,18 +29,34 @@ names (default: redis-py's pure-Python one, as in the headline rows):
 Instructions are not seconds: a system call or a cache miss counts as a few
 instructions, so compare cases of the same kind, and a change's effect here
 with its effect on the contended runs.
+
+``--by-module`` says where a cycle's work goes instead, without valgrind: each
+child run counts the Python bytecode instructions every function executes
+(``sys.settrace`` with opcode events, all threads), and the difference per
+cycle is printed by module, then by function (``--top`` rows each). Bytecodes
+are not machine instructions either (work done in C, by a builtin or an
+extension, is not counted), and they move by a per cent or so between runs of
+a few hundred cycles (with how often the event loop finds a reply already
+there), but they name the Python code that asked for the work.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import subprocess
 import sys
+import sysconfig
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
 
 from benchmarks.harness import redis_server
 from benchmarks.libraries import BY_KEY, Connection, Parser, available_parsers
@@ -141,6 +157,94 @@ def total_of(callgrind_out: str, where: str = "callgrind's output") -> int:
     return int(found.group(1))
 
 
+def module_of(filename: str) -> str:
+    """The dotted module name of a code object's ``filename`` (its path under
+    the interpreter's library or site-packages, or under this checkout), or
+    the filename itself when it is under none of them (``<string>``, say)."""
+    path = Path(filename)
+    roots = [Path(sysconfig.get_paths()[name]) for name in ("purelib", "platlib", "stdlib")]
+    roots.append(Path(__file__).resolve().parent.parent)
+    for root in roots:
+        if path.is_relative_to(root):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            return ".".join(parts)
+    return filename
+
+
+@contextmanager
+def counting_bytecodes() -> Iterator[Counter[CodeType]]:
+    """Count, per code object, the bytecode instructions run in the block by
+    functions called from inside it, in this thread and in threads started in
+    it (``sys.settrace`` / ``threading.settrace`` with opcode events)."""
+    counts: Counter[CodeType] = Counter()
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            counts[frame.f_code] += 1
+        return trace
+
+    threading.settrace(trace)
+    sys.settrace(trace)
+    try:
+        yield counts
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+
+
+def _bytecodes(case: str, parser: Parser, url: str, cycles: int, folder: Path) -> Counter[str]:
+    """The bytecodes per ``module:function`` of one child run of ``case``."""
+    out = folder / f"{case}-{cycles}.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.instructions",
+            "--child",
+            case,
+            "--parser",
+            parser,
+            "--url",
+            url,
+            "--cycles",
+            str(cycles),
+            "--bytecodes-out",
+            str(out),
+        ],
+        check=True,
+    )
+    return Counter(json.loads(out.read_text()))
+
+
+def bytecodes_per_cycle(case: str, parser: Parser, url: str, cycles: int) -> Counter[str]:
+    """Bytecodes one cycle of ``case`` runs, per ``module:function`` (see the module)."""
+    with tempfile.TemporaryDirectory() as folder:
+        base = _bytecodes(case, parser, url, 0, Path(folder))
+        total = _bytecodes(case, parser, url, cycles, Path(folder))
+    total.subtract(base)
+    return Counter({where: count / cycles for where, count in total.items() if count > 0})
+
+
+def by_module(per_function: Counter[str]) -> Counter[str]:
+    """``per_function`` (keys ``module:function``) summed per module."""
+    modules: Counter[str] = Counter()
+    for where, count in per_function.items():
+        modules[where.rpartition(":")[0]] += count
+    return modules
+
+
+def _print_bytecodes(case: str, per_function: Counter[str], top: int) -> None:
+    total = sum(per_function.values())
+    print(f"{case}: {total:,.0f} bytecodes per cycle", flush=True)
+    for title, table in (("module", by_module(per_function)), ("function", per_function)):
+        for where, count in table.most_common(top):
+            print(f"  {count:8,.0f}  {count / total:6.1%}  {title} {where}")
+
+
 def per_cycle(case: str, parser: Parser, url: str, cycles: int) -> float:
     """Instructions one cycle of ``case`` costs the client (see the module)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -155,14 +259,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cycles", type=int, default=500)
     parser.add_argument("--parser", choices=available_parsers(), default="python")
     parser.add_argument("--only", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument(
+        "--by-module",
+        action="store_true",
+        help="count Python bytecodes per module and function instead (no valgrind)",
+    )
+    parser.add_argument("--top", type=int, default=12, help="rows per table with --by-module")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--bytecodes-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        _child(args.child, args.parser, args.url, args.cycles)
+        if args.bytecodes_out is None:
+            _child(args.child, args.parser, args.url, args.cycles)
+            return
+        with counting_bytecodes() as counts:
+            _child(args.child, args.parser, args.url, args.cycles)
+        named: Counter[str] = Counter()
+        for code, count in counts.items():
+            named[f"{module_of(code.co_filename)}:{code.co_name}"] += count
+        args.bytecodes_out.write_text(json.dumps(named))
         return
     with redis_server(max_waiters=0) as url:
         for case in args.only:
+            if args.by_module:
+                _print_bytecodes(
+                    case, bytecodes_per_cycle(case, args.parser, url, args.cycles), args.top
+                )
+                continue
             count = per_cycle(case, args.parser, url, args.cycles)
             print(f"{case:20} {count / 1000:8,.0f} k instructions per cycle", flush=True)
 
