@@ -212,7 +212,7 @@ class Doorbell:
             # Before sending: the reply may be read while the send still awaits.
             self._unanswered.append(("subscribe", channel))
             try:
-                await self._pubsub.subscribe(channel)
+                await self._pubsub.subscribe(_wire(channel))
             except BaseException as exc:
                 _forget(self._unanswered, ("subscribe", channel))
                 if isinstance(exc, PUBSUB_FAILURES) and not isinstance(exc, FAILURES):
@@ -266,7 +266,7 @@ class Doorbell:
             return
         self._unanswered.append(("unsubscribe", channel))
         try:
-            await pubsub.unsubscribe(channel)
+            await pubsub.unsubscribe(_wire(channel))
         except PUBSUB_FAILURES:
             _forget(self._unanswered, ("unsubscribe", channel))
             log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
@@ -283,7 +283,7 @@ class Doorbell:
         self._probe = (channel, timer)
         self._unanswered.append(("subscribe", channel))
         try:
-            await pubsub.subscribe(channel)
+            await pubsub.subscribe(_wire(channel))
         except PUBSUB_FAILURES:
             _forget(self._unanswered, ("subscribe", channel))
             self._end_probe()
@@ -560,7 +560,7 @@ class Doorbell:
             except FAILURES:  # e.g. a node the client dropped meanwhile
                 continue
             try:
-                await within(fresh.subscribe(*channels), RESUBSCRIBE_TIMEOUT_S)
+                await within(fresh.subscribe(*map(_wire, channels)), RESUBSCRIBE_TIMEOUT_S)
             except BaseException as exc:
                 await _close(fresh)
                 if isinstance(exc, (*FAILURES, asyncio.TimeoutError)):
@@ -789,6 +789,12 @@ async def _stop(reader: asyncio.Task[None] | None, pubsub: PubSub) -> None:
 
 _PROOF = re.compile(r"[0-9a-f]{40}")
 """A ring's proof, as the scripts write it: a SHA-1 digest in lower-case hex."""
+
+
+def _wire(channel: str) -> bytes:
+    """``channel`` as the scripts spell it when they ring it: in UTF-8, whatever
+    the client's encoding (see ``protocol.wired``)."""
+    return channel.encode()
 
 
 def _text(value: object) -> str:
