@@ -193,6 +193,9 @@ class WaitGroup:
     told it, runs out at the earliest; None when nobody held it."""
     _poller: asyncio.Task[None] | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set for the poller to look again: the last waiter left, or ``catch_up``."""
+    _poll_now: bool = False
+    """``catch_up`` asked for a poll: a ring may have been lost."""
     _poll_failed: bool = False
     """The latest poll failed to reach Redis."""
 
@@ -240,6 +243,7 @@ class WaitGroup:
 
     def catch_up(self) -> None:
         """Poll now (if the group polls at all): a ring may have been lost."""
+        self._poll_now = True
         self._wake.set()
 
     def ring(self, token: str, grant: Grant) -> None:
@@ -291,7 +295,8 @@ class WaitGroup:
         watching = False
         try:
             watching = await self._watch()
-            delay = self._first_poll_s() if watching else 0.0
+            loop = asyncio.get_running_loop()
+            due = loop.time() + (self._first_poll_s() if watching else 0.0)
             while True:
                 if not self.waiters:
                     # Checked and closed with no await in between: a waiter that
@@ -299,15 +304,30 @@ class WaitGroup:
                     self._poller = None
                     self.hub.discard(self)
                     return
+                delay = due - loop.time()
                 if delay > 0:
+                    woken = False
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await within(self._wake.wait(), delay)
+                        woken = await within(self._wake.wait(), delay)
                     if not self.waiters:
                         # Woken because the last waiter left (granted or gone):
                         # close without one more, useless, poll.
                         continue
+                    if woken and not self._poll_now:
+                        # The last waiter left and another joined before this
+                        # task ran: it waits as a waiter that joins a watched
+                        # group does (a poll now only if the channel has not
+                        # been steady since every acquire went out), and the
+                        # polls keep their times. A poll per such wake was a
+                        # third script call per grant for tasks of one process
+                        # taking turns.
+                        self._wake.clear()
+                        if watching:
+                            due = min(due, loop.time() + self._first_poll_s())
+                        continue
                 self._wake.clear()
-                delay = await self._poll_once()
+                self._poll_now = False
+                due = loop.time() + await self._poll_once()
         except ClientDropped:
             # Its waiters, which hold the client, left while this poll (or the
             # ringing check) waited for a call slot: nobody is left to poll for.

@@ -94,3 +94,31 @@ async def test_a_hand_off_to_another_waiter_runs_few_commands_in_redis(
     # waiter's doorbell connection (HELLO, SUBSCRIBE). About 112; 128.6 when
     # the scripts re-read what they had just read or written.
     assert per_cycle <= 114, per_cycle
+
+
+async def test_tasks_of_one_process_taking_turns_run_two_scripts_a_grant(
+    server: PrivateRedis,
+) -> None:
+    sync_client = Redis.from_url(server.url)
+    client = AsyncRedis.from_url(server.url)
+    lock = FifoLock(client, "invoices")
+
+    async def taker(grants: int) -> None:
+        for _ in range(grants):
+            lease = await lock.acquire(timeout=5)
+            await asyncio.sleep(0)  # the other task queues behind this grant
+            await lock.release(lease)
+
+    try:
+        await asyncio.gather(taker(5), taker(5))  # scripts loaded, doorbell watched
+        sync_client.config_resetstat()
+        await asyncio.gather(taker(CYCLES * 5), taker(CYCLES * 5))
+        scripts = sync_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    finally:
+        await client.aclose()
+        sync_client.close()
+    # Each grant is handed over in the reply to the other task's release: an
+    # acquire (queued) and a release per grant, and no poll. A group woken as
+    # its last waiter left, and joined by the next before it closed, polled
+    # once per grant (3 scripts a grant).
+    assert scripts / (CYCLES * 10) <= 2.05, scripts
