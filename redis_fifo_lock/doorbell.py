@@ -56,7 +56,7 @@ from redis.exceptions import (
 from .acl import RULES_HINT, refusal
 from .errors import ClientDropped
 from .eviction import server_of
-from .protocol import AsyncClient, Grant, LockKeys
+from .protocol import AsyncClient, Grant, LockKeys, as_text
 from .timeouts import cancelling, within
 
 log = logging.getLogger(__name__)
@@ -508,7 +508,8 @@ class Doorbell:
                 continue
             failures = 0
             if message is not None:
-                self._dispatch(message)
+                encoder = pubsub.encoder
+                self._dispatch(message, (encoder.encoding, encoder.encoding_errors))
                 if message["type"] == "message":
                     # A ring woke a waiter, which is to hold the lock now: it
                     # runs before this reader reads on, for until it runs the
@@ -605,8 +606,10 @@ class Doorbell:
                 self._sweep_timer.cancel()
             self._start_sweep()
 
-    def _dispatch(self, message: dict[str, object]) -> None:
-        channel = _text(message["channel"])
+    def _dispatch(self, message: dict[str, object], encoding: tuple[str, str]) -> None:
+        """Route ``message``, read from a pub/sub whose client decodes with
+        ``encoding`` (its encoding and errors, when it has ``decode_responses``)."""
+        channel = as_text(message["channel"], *encoding)
         if message["type"] in ("subscribe", "unsubscribe"):
             _forget(self._unanswered, (str(message["type"]), channel))
         if message["type"] == "subscribe":
@@ -628,9 +631,9 @@ class Doorbell:
             if ring is None:
                 return
             try:
-                token, fence, ticket, pttl_ms, call, queued, proof = _text(message["data"]).split(
-                    " "
-                )
+                token, fence, ticket, pttl_ms, call, queued, proof = as_text(
+                    message["data"], *encoding
+                ).split(" ")
                 if not _PROOF.fullmatch(proof):
                     raise ValueError(proof)
                 grant = Grant(int(fence), int(ticket), int(pttl_ms), call, int(queued), proof)
@@ -697,7 +700,7 @@ async def check_ringing(client: AsyncClient, keys: LockKeys, poll_ms: int) -> bo
         be reached (the caller drops its claim, and a later wait checks).
     """
     try:
-        await client.publish(keys.doorbell_of(UNWATCHED_SESSION), "")
+        await client.publish(_wire(keys.doorbell_of(UNWATCHED_SESSION)), b"")
     except ResponseError as exc:
         if refusal(str(exc), keys.namespace) is not None:
             report_refusal(client, exc, keys, poll_ms)
@@ -795,7 +798,3 @@ def _wire(channel: str) -> bytes:
     """``channel`` as the scripts spell it when they ring it: in UTF-8, whatever
     the client's encoding (see ``protocol.wired``)."""
     return channel.encode()
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

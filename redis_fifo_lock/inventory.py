@@ -12,7 +12,7 @@ from __future__ import annotations
 from .acl import key_pattern
 from .clients import LoopClients
 from .portal import portal
-from .protocol import KEY_PREFIX, AsyncClient
+from .protocol import KEY_PREFIX, AsyncClient, as_text, client_encoding
 
 SCAN_COUNT = 1000
 """How many keys each ``SCAN`` call asks the server to look at (its ``COUNT``)."""
@@ -36,8 +36,12 @@ async def lock_names(client: AsyncClient, namespace: str = "") -> list[str]:
     """
     prefix = f"{namespace}:{KEY_PREFIX}:{{" if namespace else f"{KEY_PREFIX}:{{"
     names: set[str] = set()
-    async for key in client.scan_iter(match=key_pattern(namespace), count=SCAN_COUNT):
-        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+    encoding = client_encoding(client)
+    # The keys are UTF-8 whatever the client's encoding (see protocol.wired).
+    pattern = key_pattern(namespace).encode()
+    async for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        # A foreign key that matches the pattern may not be UTF-8.
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else as_text(key, *encoding)
         name = _name_of(text, prefix)
         if name is not None:
             names.add(name)

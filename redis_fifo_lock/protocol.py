@@ -14,7 +14,9 @@ only when enough replicas acknowledged it (``NotReplicated`` otherwise).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import copy
+import functools
 import hashlib
 import re
 import secrets
@@ -278,10 +280,47 @@ WITHDRAWN, GAVE_BACK = 1, 2
 RENEWED = 1
 
 
-def _text(value: Any) -> str | None:
+def client_encoding(client: AsyncClient) -> tuple[str, str]:
+    """The ``encoding`` and ``encoding_errors`` that ``client`` decodes replies
+    with when it has ``decode_responses`` (redis-py's defaults: UTF-8, strict)."""
+    if isinstance(client, RedisCluster):
+        options = client.connection_kwargs
+    else:
+        options = getattr(client.connection_pool, "connection_kwargs", {})
+    return options.get("encoding", "utf-8"), options.get("encoding_errors", "strict")
+
+
+@functools.lru_cache(maxsize=16)
+def _is_utf8(encoding: str) -> bool:
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def as_text(value: object, encoding: str = "utf-8", errors: str = "strict") -> str:
+    """Text the lock stored or sent (UTF-8, see ``wired``), as redis-py returned
+    it: bytes are decoded as UTF-8; a ``str``, which redis-py decoded with the
+    client's ``encoding`` and ``errors`` (``decode_responses``), is first turned
+    back into the bytes Redis sent.
+
+    Raises:
+        UnicodeError: the bytes are not UTF-8 (not written by the lock).
+    """
+    if isinstance(value, bytes):
+        return value.decode()
+    text = str(value)
+    if not isinstance(value, str) or _is_utf8(encoding):
+        return text
+    return text.encode(encoding, errors).decode()
+
+
+def _text(value: Any, client: AsyncClient) -> str | None:
     if value is None:
         return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    return as_text(value, *client_encoding(client))
 
 
 class Protocol:
@@ -485,9 +524,13 @@ class Protocol:
         handover = None
         if len(reply) > 1:
             grant = Grant(
-                int(reply[2]), int(reply[3]), int(reply[4]), _text(reply[5]) or "", int(reply[6])
+                int(reply[2]),
+                int(reply[3]),
+                int(reply[4]),
+                _text(reply[5], client) or "",
+                int(reply[6]),
             )
-            handover = (_text(reply[1]) or "", grant)
+            handover = (_text(reply[1], client) or "", grant)
         return int(reply[0]), handover
 
     async def renew(
@@ -547,7 +590,7 @@ class Protocol:
         reply = await self._call(
             client, keys, "poll", keys.doorbell, session, settings.lease_ms, settings.keep_ms
         )
-        holder = _text(reply[0])
+        holder = _text(reply[0], client)
         grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
         head = int(reply[4]) if reply[4] is not None else None
         return PollReply(holder, grant, head)
@@ -555,14 +598,14 @@ class Protocol:
     async def status(self, client: AsyncClient, keys: LockKeys) -> StatusReply:
         """Read the holder, the last fence granted and the queue length."""
         reply = await self._call(client, keys, "status")
-        holder = _text(reply[0])
+        holder = _text(reply[0], client)
         grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
         return StatusReply(
             holder,
             grant,
             int(reply[4]),
             int(reply[5]),
-            _text(reply[6]) or "",
+            _text(reply[6], client) or "",
             int(reply[7]),
             bool(int(reply[8])),
         )
@@ -577,7 +620,7 @@ class Protocol:
         """
         reply = await self._call(client, keys, "force_release", keys.doorbell, fence, keep_ms)
         if int(reply[0]) == 1:
-            return int(reply[1]), 0, _text(reply[2]) or ""
+            return int(reply[1]), 0, _text(reply[2], client) or ""
         return None, int(reply[1]), ""
 
 

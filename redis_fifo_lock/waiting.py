@@ -389,6 +389,15 @@ class WaitGroup:
                 )
             except asyncio.TimeoutError:
                 pass  # a later wait checks
+            except Exception:
+                # A bug, said loudly, and once (the check counts as made): the
+                # check only reports, and this task is the group's poller.
+                checked = True
+                log.exception(
+                    "FIFO lock %r: the check that Redis lets the lock ring its doorbell "
+                    "failed unexpectedly",
+                    self.keys.name,
+                )
             finally:
                 if not checked:
                     drop_ringing_check(client, self.keys)

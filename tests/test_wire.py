@@ -1,15 +1,20 @@
-"""How the lock's keys, arguments and channels reach Redis (``protocol.wired``).
+"""How the lock's keys, arguments and channels reach Redis, and its text comes back.
 
 The lock encodes a script call's keys and arguments itself, in UTF-8, since
-redis-py's general encoder costs several times as much per argument; and it
-subscribes to its doorbell channels in UTF-8 too. So a name means the same keys
-and channels whatever encoding a client uses for its other commands, and a ring
-reaches its waiter on a client that does not use UTF-8.
+redis-py's general encoder costs several times as much per argument
+(``protocol.wired``); it subscribes, publishes and lists keys in UTF-8 too, and
+reads back what redis-py decoded with the client's own ``encoding``
+(``decode_responses``) as the UTF-8 it was (``protocol.as_text``). So a name is
+one set of keys and channels whatever encoding a client uses for its other
+commands: clients of different encodings exclude each other, and a ring or a
+hand-over reaches its waiter on any of them, rather than leaving it to a poll
+(30 s apart by default; these tests wait 10 s at most).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,11 +22,32 @@ from redis._parsers.encoders import Encoder
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock
+from redis_fifo_lock.inventory import lock_names
 from tests.support.polling import until
+
+SERVED_WITHIN_S = 10.0
+"""Longest wait for a grant a ring or a hand-over brings (no poll comes sooner)."""
+
+CLIENTS: dict[str, dict[str, Any]] = {
+    "utf-8": {},
+    "latin-1": {"encoding": "latin-1"},
+    "latin-1, decoded": {"encoding": "latin-1", "decode_responses": True},
+    "utf-8, decoded": {"decode_responses": True},
+}
+
+
+@pytest.fixture
+async def clients(redis_url: str) -> AsyncIterator[dict[str, Redis]]:
+    made = {kind: Redis.from_url(redis_url, **options) for kind, options in CLIENTS.items()}
+    try:
+        yield made
+    finally:
+        for client in made.values():
+            await client.aclose()
 
 
 async def test_redis_py_gets_the_script_calls_already_encoded(
-    redis_url: str, aredis: Redis, monkeypatch: pytest.MonkeyPatch
+    aredis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lock = FifoLock(aredis, "invoices")
     await lock.release(await lock.acquire())  # scripts loaded, hub and doorbell set up
@@ -41,24 +67,78 @@ async def test_redis_py_gets_the_script_calls_already_encoded(
     assert len(encoded) <= 4, encoded
 
 
-async def test_a_latin1_client_uses_the_same_keys_and_gets_its_rings(
-    redis_url: str, aredis: Redis
+@pytest.mark.parametrize("name", ["café", "lock😀", "锁名"])
+@pytest.mark.parametrize(
+    ("holder_kind", "waiter_kind"),
+    [
+        ("latin-1", "latin-1"),
+        ("latin-1, decoded", "latin-1, decoded"),
+        ("utf-8", "latin-1, decoded"),
+        ("latin-1", "utf-8, decoded"),
+    ],
+)
+async def test_clients_of_any_encoding_share_the_keys_and_get_their_rings(
+    aredis: Redis, clients: dict[str, Redis], name: str, holder_kind: str, waiter_kind: str
 ) -> None:
-    holder_client = Redis.from_url(redis_url, encoding="latin-1")
-    waiter_client = Redis.from_url(redis_url, encoding="latin-1")
+    # Two clients, two hubs: the grant to the waiter is rung, not handed over
+    # in the release's reply.
+    holder = FifoLock(clients[holder_kind], name)
+    waiter = FifoLock(clients[waiter_kind], name)
+    lease = await holder.acquire(timeout=SERVED_WITHIN_S)
+    assert await aredis.exists(f"fifolock:{{{name}}}:lease".encode()) == 1
+    waiting = asyncio.create_task(waiter.acquire(token="tók-1"))
+    queue = f"fifolock:{{{name}}}:queue".encode()
+    await until(lambda: aredis.zcard(queue), "the waiter queued")
+    assert (await waiter.status()).holder_fence == lease.fence
+    await holder.release(lease)
+    granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+    assert granted.fence > lease.fence
+    await waiter.release(granted)
+
+
+@pytest.mark.parametrize("kind", ["latin-1", "latin-1, decoded"])
+async def test_a_hand_over_in_a_release_s_reply_reaches_a_non_ascii_token(
+    aredis: Redis, clients: dict[str, Redis], kind: str
+) -> None:
+    lock = FifoLock(clients[kind], "café")
+    lease = await lock.acquire(timeout=SERVED_WITHIN_S)
+    waiting = asyncio.create_task(lock.acquire(token="tók-2"))
+    await until(lambda: aredis.zcard("fifolock:{café}:queue".encode()), "the waiter queued")
+    await lock.release(lease)
+    granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+    assert granted.token == "tók-2"
+    await lock.release(granted)
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+@pytest.mark.parametrize("namespace", ["", "café"])
+async def test_every_client_lists_the_names_as_they_were_given(
+    aredis: Redis, clients: dict[str, Redis], kind: str, namespace: str
+) -> None:
+    lock = FifoLock(clients["utf-8"], "锁é", namespace=namespace)
+    lease = await lock.acquire(timeout=SERVED_WITHIN_S)
     try:
-        # Two clients, two hubs: the grant to the waiter is rung, not handed
-        # over in the release's reply, and no poll comes within the test.
-        holder = FifoLock(holder_client, "café")
-        waiter = FifoLock(waiter_client, "café")
-        lease = await holder.acquire()
-        assert await aredis.exists("fifolock:{café}:lease".encode()) == 1
-        waiting = asyncio.create_task(waiter.acquire())
-        await until(lambda: aredis.zcard("fifolock:{café}:queue".encode()), "the waiter queued")
-        await holder.release(lease)
-        granted = await asyncio.wait_for(waiting, timeout=10)
-        assert granted.fence > lease.fence
-        await waiter.release(granted)
+        assert await lock_names(clients[kind], namespace) == ["锁é"]
     finally:
-        await holder_client.aclose()
-        await waiter_client.aclose()
+        await lock.release(lease)
+
+
+async def test_a_latin1_waiter_behind_a_long_hold_keeps_its_place(
+    aredis: Redis, clients: dict[str, Redis], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its group first checks that Redis lets the lock ring (a PUBLISH, once per
+    # server and namespace: a namespace of its own makes it this test's), then
+    # polls, which keeps its process alive to Redis through the hold. A check
+    # that failed on the name's encoding ended the poller: the waiter was
+    # dropped once its liveness ran out, and never served.
+    settings = {"lease_ms": 1000, "poll_ms": 400, "namespace": "wire-long-hold"}
+    holder = FifoLock(clients["utf-8"], "lock😀", **settings)
+    waiter = FifoLock(clients["latin-1"], "lock😀", **settings)
+    lease = await holder.acquire(timeout=SERVED_WITHIN_S)
+    waiting = asyncio.create_task(waiter.acquire(timeout=SERVED_WITHIN_S))
+    await asyncio.sleep(3)  # the hold: three leases, renewed
+    await holder.release(lease)
+    granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+    assert granted.fence > lease.fence
+    await waiter.release(granted)
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]
