@@ -37,7 +37,7 @@ import redis_fifo_lock.renewal as renewal_module
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
 from redis_fifo_lock.calls import SEQ_DIGITS, CallIds
-from redis_fifo_lock.doorbell import Doorbell, _text
+from redis_fifo_lock.doorbell import Doorbell
 from redis_fifo_lock.loops import loop_context
 from redis_fifo_lock.protocol import (
     GAVE_BACK,
@@ -50,6 +50,7 @@ from redis_fifo_lock.protocol import (
     Protocol,
     RenewReply,
     Script,
+    as_text,
 )
 from redis_fifo_lock.renewal import Renewal
 from redis_fifo_lock.waiting import Hub, Waiter, WaitGroup
@@ -308,13 +309,14 @@ class UnguardedDoorbell(Doorbell):
     whatever its form, and a ring handler that raises ends the reader task, so
     every lock of the client waits for its poll until a new wait subscribes."""
 
-    def _dispatch(self, message: dict[str, object]) -> None:
-        ring = self._handlers.get(_text(message["channel"]))
+    def _dispatch(self, message: dict[str, object], encoding: tuple[str, str]) -> None:
+        ring = self._handlers.get(as_text(message["channel"], *encoding))
         if message["type"] != "message" or ring is None:
-            super()._dispatch(message)
+            super()._dispatch(message, encoding)
             return
         try:
-            token, fence, ticket, pttl_ms, call, queued, proof = _text(message["data"]).split(" ")
+            text = as_text(message["data"], *encoding)
+            token, fence, ticket, pttl_ms, call, queued, proof = text.split(" ")
             grant = Grant(int(fence), int(ticket), int(pttl_ms), call, int(queued), proof)
         except ValueError:
             return
