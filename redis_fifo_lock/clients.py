@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel
 
 from .connection import check_url, masked_kwargs, masked_url, node_address
@@ -32,6 +32,8 @@ SSL_OPTIONS = frozenset(
 (they vary with the redis-py version; the sync client takes a few more)."""
 CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters) - {"self"}
 """The keyword arguments ``redis.asyncio``'s ``RedisCluster`` takes."""
+SENTINEL_SCHEME = "sentinel://"
+"""How ``LoopClients.sentinel()`` spells its service as a ``url`` (not one redis-py reads)."""
 
 
 def wants_tls(url: str | None, kwargs: Mapping[str, Any], where: str = "LoopClients") -> bool:
@@ -164,6 +166,7 @@ class LoopClients:
         self.is_cluster = False
         """True when built by ``cluster()``: the clients are ``RedisCluster``."""
         self._factory = factory or self._plain
+        self._options_known = factory is None
 
     @classmethod
     def cluster(
@@ -216,6 +219,7 @@ class LoopClients:
         clients.url = url
         clients.connection_kwargs = connection_kwargs
         clients.is_cluster = True
+        clients._options_known = True
         return clients
 
     @classmethod
@@ -263,8 +267,9 @@ class LoopClients:
             return master
 
         clients = cls(factory=build)
-        clients.url = f"sentinel://{service_name}"
+        clients.url = f"{SENTINEL_SCHEME}{service_name}"
         clients.connection_kwargs = connection_kwargs
+        clients._options_known = True
         return clients
 
     def __repr__(self) -> str:
@@ -274,6 +279,17 @@ class LoopClients:
     def __len__(self) -> int:
         """How many loops of this process have a live client (for tests)."""
         return sum(1 for context in contexts().values() if self in context.clients)
+
+    def options(self) -> Mapping[str, Any] | None:
+        """The options the clients are built with, the URL's query included
+        (as redis-py's ``from_url`` reads them); None with a ``factory``,
+        whose clients' options are not known before one is made."""
+        if not self._options_known:
+            return None
+        options = dict(self.connection_kwargs)
+        if self.url is not None and not self.url.startswith(SENTINEL_SCHEME):
+            options.update(parse_url(self.url))
+        return options
 
     def client(self) -> AsyncClient:
         """The client for the running event loop, created on first use.

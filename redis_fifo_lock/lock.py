@@ -52,6 +52,8 @@ from .protocol import (
     LockKeys,
     Protocol,
     RenewReply,
+    check_client_encoding,
+    client_options,
 )
 from .renewal import end_renewal, start_renewal
 from .settings import LockOptions, LockSettings, check_name, check_namespace, shown_value
@@ -139,6 +141,20 @@ def lock_settings(
         return (settings or LockSettings()).merged((options, str), cluster=cluster)
     except ValueError as exc:
         raise ValueError(f"FIFO lock {name!r}: {exc}") from None
+
+
+def check_text_options(name: str, client: AsyncClient | LoopClients) -> None:
+    """Refuse, for lock ``name``, a client whose ``encoding`` and
+    ``decode_responses`` cannot carry the lock's UTF-8 text (see
+    ``protocol.check_client_encoding``); a ``LoopClients`` with a ``factory`` is
+    not checked (its clients' options are not known before one is made).
+
+    Raises:
+        ValueError: naming the lock and the option.
+    """
+    options = client.options() if isinstance(client, LoopClients) else client_options(client)
+    if options is not None:
+        check_client_encoding(name, options)
 
 
 class FifoLock:
@@ -229,6 +245,7 @@ class FifoLock:
                 "LoopClients(url)"
             )
         self.settings = lock_settings(name, redis_client, settings, options)
+        check_text_options(name, redis_client)
         self.clients = redis_client if isinstance(redis_client, LoopClients) else None
         self._client = None if isinstance(redis_client, LoopClients) else redis_client
         self.keys = LockKeys(self.name, check_namespace(namespace))

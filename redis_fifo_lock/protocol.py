@@ -21,7 +21,7 @@ import hashlib
 import re
 import secrets
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.resources import files
@@ -280,14 +280,59 @@ WITHDRAWN, GAVE_BACK = 1, 2
 RENEWED = 1
 
 
+def client_options(client: AsyncClient) -> Mapping[str, Any]:
+    """The options ``client`` opens its connections with (redis-py's
+    ``connection_kwargs``: ``encoding``, ``decode_responses``, ...)."""
+    if isinstance(client, RedisCluster):
+        return client.connection_kwargs
+    return getattr(client.connection_pool, "connection_kwargs", {})
+
+
 def client_encoding(client: AsyncClient) -> tuple[str, str]:
     """The ``encoding`` and ``encoding_errors`` that ``client`` decodes replies
     with when it has ``decode_responses`` (redis-py's defaults: UTF-8, strict)."""
-    if isinstance(client, RedisCluster):
-        options = client.connection_kwargs
-    else:
-        options = getattr(client.connection_pool, "connection_kwargs", {})
+    options = client_options(client)
     return options.get("encoding", "utf-8"), options.get("encoding_errors", "strict")
+
+
+def check_client_encoding(name: str, options: Mapping[str, Any]) -> None:
+    """Refuse a client whose text options (redis-py's ``encoding``,
+    ``encoding_errors`` and ``decode_responses``, in ``options``) cannot carry
+    what lock ``name`` sends and reads back.
+
+    The lock writes its keys, arguments and channels in UTF-8 and reads them
+    back as such (see ``wired`` and ``as_text``); what other processes wrote is
+    read back too (their tokens and descriptions, in any script's reply). So a
+    client must write ASCII as ASCII (Redis's commands and the scripts' SHA-1
+    digests go through its encoder), and one with ``decode_responses`` must
+    decode any UTF-8 and give back the same bytes: strict UTF-8 or Latin-1.
+
+    Raises:
+        ValueError: naming the lock and the option, saying what to use instead.
+    """
+    encoding = str(options.get("encoding", "utf-8"))
+    errors = str(options.get("encoding_errors", "strict"))
+    try:
+        codec = codecs.lookup(encoding).name
+        ascii_as_ascii = KEY_PREFIX.encode(encoding, errors) == KEY_PREFIX.encode()
+    except (LookupError, UnicodeError):
+        codec, ascii_as_ascii = encoding, False
+    if not ascii_as_ascii:
+        raise ValueError(
+            f"FIFO lock {name!r}: the client's encoding {encoding!r} does not write ASCII "
+            "as ASCII, which Redis's commands need; use a client with encoding 'utf-8' "
+            "(redis-py's default)"
+        )
+    if options.get("decode_responses") and (
+        codec not in ("utf-8", "iso8859-1") or errors != "strict"
+    ):
+        raise ValueError(
+            f"FIFO lock {name!r}: a client with decode_responses must decode with "
+            f"encoding 'utf-8' or 'latin-1' and encoding_errors 'strict', not {encoding!r} "
+            f"and {errors!r}: the lock reads back what every process wrote in UTF-8 "
+            "(names, tokens, descriptions), which this would garble or refuse; give the "
+            "lock a client without decode_responses, or with encoding 'utf-8'"
+        )
 
 
 @functools.lru_cache(maxsize=16)

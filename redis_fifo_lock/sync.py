@@ -18,7 +18,7 @@ from .connection import check_url
 from .holder import current_caller, describing, holder_description
 from .holding import attach_release_error, release_retrying
 from .lease import Lease, LockStatus
-from .lock import FifoLock, check_timeout, lock_settings
+from .lock import FifoLock, check_text_options, check_timeout, lock_settings
 from .portal import portal
 from .protocol import AsyncClient, LockKeys
 from .settings import LockOptions, LockSettings, check_name, check_namespace
@@ -75,6 +75,7 @@ class SyncFifoLock:
                 f"got {type(connection).__name__}"
             )
         self.settings = lock_settings(name, self.clients, settings, options)
+        check_text_options(name, self.clients)
         self._core: tuple[AsyncClient, FifoLock] | None = None
 
     def __repr__(self) -> str:

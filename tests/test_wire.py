@@ -21,7 +21,7 @@ import pytest
 from redis._parsers.encoders import Encoder
 from redis.asyncio import Redis
 
-from redis_fifo_lock import FifoLock
+from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
 from redis_fifo_lock.inventory import lock_names
 from tests.support.polling import until
 
@@ -142,3 +142,61 @@ async def test_a_latin1_waiter_behind_a_long_hold_keeps_its_place(
     assert granted.fence > lease.fence
     await waiter.release(granted)
     assert not [record for record in caplog.records if record.levelname == "ERROR"]
+
+
+REFUSED = [
+    ({"encoding": "ascii", "decode_responses": True}, "decode_responses"),
+    ({"encoding": "cp1252", "decode_responses": True}, "decode_responses"),
+    ({"encoding_errors": "replace", "decode_responses": True}, "decode_responses"),
+    ({"encoding": "latin-1", "encoding_errors": "ignore", "decode_responses": True}, "decode"),
+    ({"encoding": "utf-8-sig"}, "ASCII as ASCII"),
+    ({"encoding": "utf-16"}, "ASCII as ASCII"),
+]
+
+
+@pytest.mark.parametrize(("options", "says"), REFUSED)
+async def test_a_client_that_cannot_carry_utf8_is_refused_when_the_lock_is_built(
+    redis_url: str, options: dict[str, Any], says: str
+) -> None:
+    # A decoding client that garbles or refuses what other processes wrote
+    # (their tokens, in any poll's reply) once ended the group's poller: its
+    # waiters timed out on a free lock.
+    client = Redis.from_url(redis_url, **options)
+    try:
+        with pytest.raises(ValueError, match=rf"FIFO lock 'café'.*{says}"):
+            FifoLock(client, "café")
+    finally:
+        await client.aclose()
+    with pytest.raises(ValueError, match=rf"FIFO lock 'café'.*{says}"):
+        FifoLock(LoopClients(redis_url, **options), "café")
+
+
+def test_a_url_s_encoding_options_are_checked_too(redis_url: str) -> None:
+    with pytest.raises(ValueError, match=r"FIFO lock 'jobs'.*decode_responses"):
+        SyncFifoLock(f"{redis_url}?encoding=cp1252&decode_responses=true", "jobs")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"encoding": "ascii"},
+        {"encoding": "cp1252"},
+        {"encoding": "latin-1", "decode_responses": True},
+        {"encoding": "UTF8", "decode_responses": True},
+    ],
+)
+async def test_a_client_that_carries_utf8_serves_a_waiter_behind_a_foreign_token(
+    aredis: Redis, clients: dict[str, Redis], redis_url: str, options: dict[str, Any]
+) -> None:
+    client = Redis.from_url(redis_url, **options)
+    try:
+        holder = FifoLock(clients["utf-8"], "plain", lease_ms=1000, poll_ms=400)
+        waiter = FifoLock(client, "plain", lease_ms=1000, poll_ms=400)
+        lease = await holder.acquire(token="tók😀", timeout=SERVED_WITHIN_S)
+        waiting = asyncio.create_task(waiter.acquire(timeout=SERVED_WITHIN_S))
+        await asyncio.sleep(1.5)  # the hold: polls read the holder's token
+        await holder.release(lease)
+        granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+        await waiter.release(granted)
+    finally:
+        await client.aclose()
