@@ -117,6 +117,23 @@ def _child(case: str, parser: Parser, url: str, cycles: int) -> None:
         asyncio.run(_async_case(case, conn, cycles))
 
 
+def _child_command(case: str, parser: Parser, url: str, cycles: int) -> list[str]:
+    """The command of a child run of ``case`` (see ``_child``)."""
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.instructions",
+        "--child",
+        case,
+        "--parser",
+        parser,
+        "--url",
+        url,
+        "--cycles",
+        str(cycles),
+    ]
+
+
 def _count(case: str, parser: Parser, url: str, cycles: int, folder: Path) -> int:
     """The instructions callgrind counted in one child run of ``case``."""
     out = folder / f"{case}-{cycles}.callgrind"
@@ -125,17 +142,7 @@ def _count(case: str, parser: Parser, url: str, cycles: int, folder: Path) -> in
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
-            sys.executable,
-            "-m",
-            "benchmarks.instructions",
-            "--child",
-            case,
-            "--parser",
-            parser,
-            "--url",
-            url,
-            "--cycles",
-            str(cycles),
+            *_child_command(case, parser, url, cycles),
         ],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -200,22 +207,7 @@ def _bytecodes(case: str, parser: Parser, url: str, cycles: int, folder: Path) -
     """The bytecodes per ``module:function`` of one child run of ``case``."""
     out = folder / f"{case}-{cycles}.json"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.instructions",
-            "--child",
-            case,
-            "--parser",
-            parser,
-            "--url",
-            url,
-            "--cycles",
-            str(cycles),
-            "--bytecodes-out",
-            str(out),
-        ],
-        check=True,
+        [*_child_command(case, parser, url, cycles), "--bytecodes-out", str(out)], check=True
     )
     return Counter(json.loads(out.read_text()))
 
