@@ -701,11 +701,7 @@ def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> 
         asyncio.TimeoutError: the lock's bound ran out (``call`` was cancelled,
             and redis-py dropped its connection).
     """
-    if isinstance(client, RedisCluster):
-        options = client.connection_kwargs
-    else:
-        options = getattr(client.connection_pool, "connection_kwargs", {})
-    if sys.version_info < (3, 11) or options.get("socket_timeout"):
+    if sys.version_info < (3, 11) or client_options(client).get("socket_timeout"):
         return call
     return within(call, CALL_TIMEOUT_S + waiting_s)
 
