@@ -18,6 +18,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
+from .alarms import alarms
 from .errors import RedisUnavailable
 from .loops import loop_context
 from .portal import is_portal_loop, portal
@@ -53,12 +54,14 @@ def start_renewal(lock: FifoLock, hub: Hub, lease: Lease, first_at: float) -> No
 
 
 class Renewal:
-    """The background renewal of one lease: a timer until the first renewal is
-    due, then a task running the renewals until the lease is released or lost.
+    """The background renewal of one lease: an alarm (see ``alarms``) until the
+    first renewal is due, then a task running the renewals until the lease is
+    released or lost.
 
-    A timer costs a fraction of a task, and most holds end before their first
-    renewal (a third of ``lease_ms``), so a grant and its release create no task
-    at all. Created on the loop that renews (the running one).
+    An alarm costs a fraction of a task (and of a timer of its own), and most
+    holds end before their first renewal (a third of ``lease_ms``), so a grant
+    and its release create no task and arm no timer. Created on the loop that
+    renews (the running one).
 
     Args:
         lock: the ``FifoLock`` that granted the lease.
@@ -80,7 +83,8 @@ class Renewal:
         self._hub = hub
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
-        self._timer = self.loop.call_later(max(0.0, first_at - time.monotonic()), self._fire)
+        self._alarms = alarms(self.loop)
+        self._alarms.set(self.loop, self.loop.time() + first_at - time.monotonic(), self._fire)
         weakref.finalize(lease, self._dropped)
         if lock.clients is not None and not is_portal_loop(self.loop):
             loop_context().renewals.add(self)
@@ -134,7 +138,7 @@ class Renewal:
                     self.loop.call_soon_threadsafe(self.stop)
             return None
         self._stopped = True
-        self._timer.cancel()
+        self._alarms.cancel(self._fire)
         if self._task is not None:
             self._task.cancel()
         return self._task

@@ -13,9 +13,12 @@ that while it opens a connection).
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Awaitable
 from typing import TypeVar
+
+from .alarms import alarms
 
 T = TypeVar("T")
 
@@ -29,9 +32,17 @@ async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
     """
     if sys.version_info >= (3, 11):
         # No task of its own: 10,000 waiters starting at once must not flood
-        # the loop that renews the leases.
-        async with asyncio.timeout(timeout_s):
-            return await awaitable
+        # the loop that renews the leases. Nor a timer of its own: most bounds
+        # (every script call's) end long before they run out (see ``alarms``).
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as timeout:
+            expire = functools.partial(timeout.reschedule, 0.0)  # expires it at once
+            on_loop = alarms(loop)
+            on_loop.set(loop, loop.time() + timeout_s, expire)
+            try:
+                return await awaitable
+            finally:
+                on_loop.cancel(expire)
     task = asyncio.ensure_future(awaitable)
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
