@@ -360,6 +360,13 @@ def as_text(value: object, encoding: str = "utf-8", errors: str = "strict") -> s
     return text.encode(encoding, errors).decode()
 
 
+def _fields(reply: bytes | str) -> list[Any]:
+    """The fields of a script's reply of several (see ``reply`` in lib.lua).
+    Split on spaces only: in text a client decoded as Latin-1, a UTF-8 byte
+    can read as a space of another kind (NBSP)."""
+    return reply.split(b" ") if isinstance(reply, bytes) else reply.split(" ")
+
+
 def _text(value: Any, client: AsyncClient) -> str | None:
     if value is None:
         return None
@@ -507,19 +514,22 @@ class Protocol:
             reply, acked = await self._call_acknowledged(client, keys, "acquire", *args)
         else:
             reply = await self._call(client, keys, "acquire", *args)
-        if reply[0] == 1:
-            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]), queued=int(reply[4]))
+        outcome, *fields = map(int, _fields(reply))
+        if outcome == 1:
+            fence, ticket, pttl_ms, queued = fields
+            grant = Grant(fence, ticket, pttl_ms, queued=queued)
             if acked < self.replicas:
                 raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
-            return grant, grant.ticket, grant.fence, grant.pttl_ms
-        if reply[0] == -1:
+            return grant, ticket, fence, pttl_ms
+        if outcome == -1:
             raise LockUsageError(
                 keys.name,
                 f"the request with token {token!r} already ended "
-                f"({ENDED_HOW[int(reply[1])]}): this was a late copy of its acquire "
+                f"({ENDED_HOW[fields[0]]}): this was a late copy of its acquire "
                 "call; call acquire again",
             )
-        return None, int(reply[1]), int(reply[2]), int(reply[3])
+        ticket, holder_fence, holder_pttl_ms = fields
+        return None, ticket, holder_fence, holder_pttl_ms
 
     async def claim(
         self, client: AsyncClient, keys: LockKeys, token: str, ticket: int, settings: LockSettings
@@ -536,14 +546,16 @@ class Protocol:
             reply, acked = await self._call_acknowledged(client, keys, "claim", *args)
         else:
             reply = await self._call(client, keys, "claim", *args)
-        if reply[0] == 1:
-            grant = Grant(int(reply[1]), int(reply[2]), int(reply[3]), queued=int(reply[4]))
+        if reply == -2:
+            return ClaimReply(None, None, max_hold_reached=True)
+        outcome, *fields = map(int, _fields(reply))
+        if outcome == 1:
+            fence, ticket, pttl_ms, queued = fields
+            grant = Grant(fence, ticket, pttl_ms, queued=queued)
             if acked < self.replicas:
                 raise self._not_replicated(keys, f"the grant of fence {grant.fence}", acked)
             return ClaimReply(grant, None)
-        if reply[0] == -2:
-            return ClaimReply(None, None, max_hold_reached=True)
-        return ClaimReply(None, int(reply[1]) or None)
+        return ClaimReply(None, fields[0] or None)
 
     async def release(
         self,
@@ -566,17 +578,11 @@ class Protocol:
         reply = await self._call(
             client, keys, "release", keys.doorbell, token, fence, keep_ms, call, session, floor
         )
-        handover = None
-        if len(reply) > 1:
-            grant = Grant(
-                int(reply[2]),
-                int(reply[3]),
-                int(reply[4]),
-                _text(reply[5], client) or "",
-                int(reply[6]),
-            )
-            handover = (_text(reply[1], client) or "", grant)
-        return int(reply[0]), handover
+        if isinstance(reply, int):
+            return reply, None
+        outcome, token, fence, ticket, pttl_ms, call, queued = _fields(reply)
+        grant = Grant(int(fence), int(ticket), int(pttl_ms), _text(call, client) or "", int(queued))
+        return int(outcome), (_text(token, client) or "", grant)
 
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
@@ -593,10 +599,10 @@ class Protocol:
             reply, acked = await self._call_acknowledged(client, keys, "renew", *args)
         else:
             reply = await self._call(client, keys, "renew", *args)
-        outcome = int(reply[0])
+        outcome, pttl_ms, server_ms = map(int, _fields(reply))
         if outcome == RENEWED and acked < self.replicas:
             raise self._not_replicated(keys, f"the renewal of fence {fence}", acked)
-        return RenewReply(outcome, int(reply[1]), int(reply[2]))
+        return RenewReply(outcome, pttl_ms, server_ms)
 
     async def withdraw(
         self,

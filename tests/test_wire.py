@@ -8,7 +8,8 @@ reads back what redis-py decoded with the client's own ``encoding``
 one set of keys and channels whatever encoding a client uses for its other
 commands: clients of different encodings exclude each other, and a ring or a
 hand-over reaches its waiter on any of them, rather than leaving it to a poll
-(30 s apart by default; these tests wait 10 s at most).
+(30 s apart by default; these tests wait 10 s at most). The scripts on a
+grant's path answer in one RESP value each (``reply`` in lib.lua).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
 from redis_fifo_lock.inventory import lock_names
+from redis_fifo_lock.protocol import PROTOCOL, Script
 from tests.support.polling import until
 
 SERVED_WITHIN_S = 10.0
@@ -100,14 +102,56 @@ async def test_clients_of_any_encoding_share_the_keys_and_get_their_rings(
 async def test_a_hand_over_in_a_release_s_reply_reaches_a_non_ascii_token(
     aredis: Redis, clients: dict[str, Redis], kind: str
 ) -> None:
+    """In UTF-8, "à" ends with byte A0, which Latin-1 decodes as a no-break
+    space: the reply's fields are split on spaces only."""
     lock = FifoLock(clients[kind], "café")
     lease = await lock.acquire(timeout=SERVED_WITHIN_S)
-    waiting = asyncio.create_task(lock.acquire(token="tók-2"))
+    waiting = asyncio.create_task(lock.acquire(token="tók-à"))
     await until(lambda: aredis.zcard("fifolock:{café}:queue".encode()), "the waiter queued")
     await lock.release(lease)
     granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
-    assert granted.token == "tók-2"
+    assert granted.token == "tók-à"
     await lock.release(granted)
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+async def test_the_scripts_on_a_grant_s_path_answer_in_one_value(
+    clients: dict[str, Redis], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: acquire (granted and queued), claim, release (with and
+    without a hand-over) and renew each answer with a number or one string of
+    fields, so a client reads one RESP value per call: in redis-py's
+    pure-Python parser a value costs about as much as the rest of a grant's
+    handling of its reply."""
+    replies: list[tuple[str, Any]] = []
+    run = Script.run
+
+    async def recording(self: Script, *args: Any) -> Any:
+        reply = await run(self, *args)
+        replies.append((self.filename, reply))
+        return reply
+
+    monkeypatch.setattr(Script, "run", recording)
+    lock = FifoLock(clients[kind], "one-value", lease_ms=900, poll_ms=300)
+    lease = await lock.acquire(timeout=SERVED_WITHIN_S)
+    await until(lambda: any(name == "renew.lua" for name, _ in replies), "a renewal")
+    waiting = asyncio.create_task(lock.acquire())
+    await until(lambda: len([n for n, _ in replies if n == "acquire.lua"]) == 2, "queued")
+    await lock.release(lease)  # hands over in its reply
+    granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+    claimed = await PROTOCOL.claim(
+        lock.client, lock.keys, granted.token, granted.ticket, lock.settings
+    )
+    assert claimed.grant is not None and claimed.grant.fence == granted.fence
+    await lock.release(granted)  # nobody waits
+    on_the_path = {"acquire.lua", "renew.lua", "release.lua", "claim.lua"}
+    assert on_the_path <= {name for name, _ in replies}, replies
+    arrays = [
+        (name, reply)
+        for name, reply in replies
+        if name in on_the_path and not isinstance(reply, (int, bytes, str))
+    ]
+    assert not arrays, f"replies of more than one RESP value: {arrays}"
 
 
 @pytest.mark.parametrize("kind", list(CLIENTS))

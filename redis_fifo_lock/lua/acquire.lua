@@ -22,16 +22,16 @@
 -- ARGV[11] ring_key: a secret of this call (no spaces), which signs the ring
 --         of its grant (see grant_next in lib.lua)
 --
--- Returns:
---   {1, fence, ticket, pttl_ms, queued}
+-- Returns one string of fields (see reply in lib.lua):
+--   "1 <fence> <ticket> <pttl_ms> <queued>"
 --                                granted (now, or already: a re-sent acquire
 --                                returns the same grant and never grants twice);
 --                                queued: requests still queued behind it (a count)
---   {0, ticket, holder_fence, holder_pttl_ms}
+--   "0 <ticket> <holder_fence> <holder_pttl_ms>"
 --                                queued; the ticket is kept across re-sends;
 --                                holder_fence is the current holder's fence, and
 --                                holder_pttl_ms its lease's time to live (0: none)
---   {-1, how}                    refused: this call's request already ended, or
+--   "-1 <how>"                   refused: this call's request already ended, or
 --                                was taken over by a later call (how is an
 --                                ENDED_* code): a late copy changes nothing
 local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
@@ -49,7 +49,7 @@ local queued = tonumber(redis.call('ZSCORE', K_QUEUE, token))
 local queued_call = queued and (waiter_of(token) or {})[4]
 local how = held[4] ~= call and queued_call ~= call and ended(call)
 if how then
-    return {-1, how}
+    return reply(-1, how)
 end
 -- An earlier call of the process that made the request's current call is a
 -- late copy: it never takes the request over from its successor.
@@ -58,7 +58,7 @@ if current and current ~= call then
     local process, seq = split_call(call)
     local its_process, its_seq = split_call(current)
     if process and process == its_process and seq < its_seq then
-        return {-1, ENDED_WITHDRAWN}
+        return reply(-1, ENDED_WITHDRAWN)
     end
 end
 
@@ -70,8 +70,8 @@ if held[1] == token then
         redis.call('HSET', K_LEASE, 'call', call)
         redis.call('HSET', K_COUNTERS, 'holder_call', call)
     end
-    return {1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE),
-        redis.call('ZCARD', K_QUEUE)}
+    return reply(1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE),
+        redis.call('ZCARD', K_QUEUE))
 end
 
 local ticket = queued
@@ -92,9 +92,10 @@ redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 local granted = not held[1] and grant_next(now, now_us, doorbell, token, false, true)
 touch(keep_ms)
 if granted and granted[1] == token then
-    return {1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE)}
+    return reply(1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE))
 end
 if granted then
-    return {0, ticket, granted[2], granted[4]}
+    return reply(0, ticket, granted[2], granted[4])
 end
-return {0, ticket, tonumber(held[2]) or 0, held[1] and math.max(0, redis.call('PTTL', K_LEASE)) or 0}
+return reply(0, ticket, tonumber(held[2]) or 0,
+    held[1] and math.max(0, redis.call('PTTL', K_LEASE)) or 0)

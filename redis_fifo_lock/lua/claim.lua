@@ -9,26 +9,26 @@
 -- ARGV[3] lease_ms: new time to live in milliseconds
 -- ARGV[4] keep_ms: see acquire.lua
 --
--- Returns:
---   {1, fence, ticket, pttl_ms, queued}
+-- Returns one string of fields (see reply in lib.lua), or a number:
+--   "1 <fence> <ticket> <pttl_ms> <queued>"
 --                                held by this request; the lease lives pttl_ms more;
 --                                queued: requests still queued behind it (a count)
---   {0, queued_ticket}           not held by it; queued_ticket is the request's
+--   "0 <queued_ticket>"          not held by it; queued_ticket is the request's
 --                                ticket if it is still queued, else 0 (its grant
 --                                expired unclaimed, or it was dropped or ended)
---   {-2}                         held by it, but the max-hold deadline has passed
+--   -2                           held by it, but the max-hold deadline has passed
 local token, ticket = ARGV[1], tonumber(ARGV[2])
 local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= ticket then
-    return {0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0}
+    return reply(0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0)
 end
 local now = clock()
 local remaining = (tonumber(held[4]) or 0) - now
 if remaining <= 0 then
-    return {-2}
+    return -2
 end
 local ttl = math.min(lease_ms, remaining)
 redis.call('PEXPIRE', K_LEASE, ttl)
 touch(keep_ms)
-return {1, tonumber(held[3]), ticket, ttl, redis.call('ZCARD', K_QUEUE)}
+return reply(1, tonumber(held[3]), ticket, ttl, redis.call('ZCARD', K_QUEUE))

@@ -51,6 +51,21 @@ local function int(n)
     return string.format('%.0f', n)
 end
 
+-- The scripts on a grant's path (acquire, claim, release, renew) answer in one
+-- RESP value: a number, or their fields (numbers, and text without spaces) in
+-- one string, separated by single spaces. A client then reads one value, not
+-- one per field, and in redis-py's pure-Python parser reading a value costs
+-- about as much as the rest of a grant's handling of its reply.
+local function reply(...)
+    local fields = {...}
+    for i = 1, select('#', ...) do
+        if type(fields[i]) == 'number' then
+            fields[i] = int(fields[i])
+        end
+    end
+    return table.concat(fields, ' ')
+end
+
 -- Server time as {ms, us}: the only clock any decision is based on.
 local function clock()
     local t = redis.call('TIME')

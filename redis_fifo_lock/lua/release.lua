@@ -11,10 +11,11 @@
 --         is returned, not rung (it hands over without a pub/sub hop)
 -- ARGV[7] floor: the releasing process's floor (see lib.lua)
 --
--- Returns {outcome} or, when the lock went to a waiter of `session` (or, for
--- a re-sent release, is held by a grant to `session`),
--- {outcome, token, fence, ticket, pttl_ms, call, queued} (queued: requests still
--- queued behind that grant, a count); outcome is:
+-- Returns outcome (a number) or, when the lock went to a waiter of `session`
+-- (or, for a re-sent release, is held by a grant to `session`), one string of
+-- fields (see reply in lib.lua) "<outcome> <token> <fence> <ticket> <pttl_ms>
+-- <call> <queued>" (queued: requests still queued behind that grant, a
+-- count); outcome is:
 --    1  released (and handed off if anyone was waiting)
 --    0  this lease was already released: a re-sent release (hands off if the
 --       first one freed the lock without doing so), or a late copy of one
@@ -44,8 +45,8 @@ end
 local granted = grant_next(now, now_us, doorbell, false, session)
 touch(keep_ms)
 if granted and granted[6] == session then
-    return {result, granted[1], granted[2], granted[3], granted[4], granted[5],
-        redis.call('ZCARD', K_QUEUE)}
+    return reply(result, granted[1], granted[2], granted[3], granted[4], granted[5],
+        redis.call('ZCARD', K_QUEUE))
 end
 if result == 0 then
     -- A re-sent release: the first copy may have handed the lock to a waiter of
@@ -54,8 +55,8 @@ if result == 0 then
     -- waiter if it still waits, and leaves a grant it already holds alone.
     local lease = redis.call('HMGET', K_LEASE, 'token', 'fence', 'ticket', 'session', 'call')
     if lease[4] == session then
-        return {result, lease[1], tonumber(lease[2]), tonumber(lease[3]),
-            redis.call('PTTL', K_LEASE), lease[5], redis.call('ZCARD', K_QUEUE)}
+        return reply(result, lease[1], tonumber(lease[2]), tonumber(lease[3]),
+            redis.call('PTTL', K_LEASE), lease[5], redis.call('ZCARD', K_QUEUE))
     end
 end
-return {result}
+return result

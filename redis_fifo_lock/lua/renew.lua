@@ -7,23 +7,24 @@
 -- ARGV[3] lease_ms: new time to live in milliseconds
 -- ARGV[4] keep_ms: see acquire.lua
 --
--- Returns {outcome, pttl_ms, now_ms}, now_ms the server's clock (by which it
--- expires keys), so that the holder can tell a step of that clock:
---   {1, pttl_ms, now_ms}  renewed; the lease now lives pttl_ms more
---   {0, 0, now_ms}        refused: the lease is not held by this holder any more
---   {-2, 0, now_ms}       refused: the max-hold deadline has passed
+-- Returns one string of fields (see reply in lib.lua) "<outcome> <pttl_ms>
+-- <now_ms>", now_ms the server's clock (by which it expires keys), so that
+-- the holder can tell a step of that clock:
+--   "1 <pttl_ms> <now_ms>"  renewed; the lease now lives pttl_ms more
+--   "0 0 <now_ms>"          refused: the lease is not held by this holder any more
+--   "-2 0 <now_ms>"         refused: the max-hold deadline has passed
 local token, fence = ARGV[1], tonumber(ARGV[2])
 local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= fence then
-    return {0, 0, now}
+    return reply(0, 0, now)
 end
 local remaining = (tonumber(held[3]) or 0) - now
 if remaining <= 0 then
-    return {-2, 0, now}
+    return reply(-2, 0, now)
 end
 local ttl = math.min(lease_ms, remaining)
 redis.call('PEXPIRE', K_LEASE, ttl)
 touch(keep_ms)
-return {1, ttl, now}
+return reply(1, ttl, now)

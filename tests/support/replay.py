@@ -87,7 +87,11 @@ def script_calls() -> Iterator[ScriptCalls]:
 
 
 def reply_code(reply: Any) -> int:
-    """The outcome code of a script reply: the reply itself, or its first element."""
+    """The outcome code of a script reply: the reply itself (a number), its
+    first field (a string of fields, see ``reply`` in lib.lua), or its first
+    element (an array)."""
     if isinstance(reply, (list, tuple)):
         reply = reply[0]
+    if isinstance(reply, (bytes, str)):
+        reply = reply.split(b" " if isinstance(reply, bytes) else " ")[0]
     return int(reply)
