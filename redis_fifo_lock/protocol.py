@@ -105,7 +105,8 @@ class LockKeys:
 
     @cached_property
     def doorbell(self) -> str:
-        """Prefix of the pub/sub channels rung on grants (passed to the scripts)."""
+        """Prefix of the pub/sub channels rung on grants (the scripts derive the
+        same from the keys: ``DOORBELL`` in lib.lua)."""
         return self.key("doorbell")
 
     def doorbell_of(self, session: str) -> str:
@@ -497,7 +498,6 @@ class Protocol:
                 withdrawn...) within ``settings.keep_ms``.
         """
         args = (
-            keys.doorbell,
             token,
             session,
             settings.lease_ms,
@@ -506,8 +506,8 @@ class Protocol:
             settings.keep_ms,
             floor,
             call,
-            holder,
             ring_key or new_ring_key(),
+            holder,
         )
         acked = 0
         if self.replicas:
@@ -576,7 +576,7 @@ class Protocol:
         (not rung: the caller hands it over), else None.
         """
         reply = await self._call(
-            client, keys, "release", keys.doorbell, token, fence, keep_ms, call, session, floor
+            client, keys, "release", token, fence, keep_ms, call, session, floor
         )
         if isinstance(reply, int):
             return reply, None
@@ -624,7 +624,6 @@ class Protocol:
                 client,
                 keys,
                 "withdraw",
-                keys.doorbell,
                 token,
                 ticket,
                 session,
@@ -638,9 +637,7 @@ class Protocol:
         self, client: AsyncClient, keys: LockKeys, session: str, settings: LockSettings
     ) -> PollReply:
         """Refresh ``session``'s liveness, grant if free, report holder and queue head."""
-        reply = await self._call(
-            client, keys, "poll", keys.doorbell, session, settings.lease_ms, settings.keep_ms
-        )
+        reply = await self._call(client, keys, "poll", session, settings.lease_ms, settings.keep_ms)
         holder = _text(reply[0], client)
         grant = Grant(int(reply[1]), int(reply[2]), int(reply[3])) if holder else None
         head = int(reply[4]) if reply[4] is not None else None
@@ -669,7 +666,7 @@ class Protocol:
         Returns (evicted fence or None, the holder's fence when nothing was
         evicted (0 when free), the evicted holder's description).
         """
-        reply = await self._call(client, keys, "force_release", keys.doorbell, fence, keep_ms)
+        reply = await self._call(client, keys, "force_release", fence, keep_ms)
         if int(reply[0]) == 1:
             return int(reply[1]), 0, _text(reply[2], client) or ""
         return None, int(reply[1]), ""
@@ -679,13 +676,15 @@ PROTOCOL = Protocol()
 
 
 def wired(keys: LockKeys, args: tuple[str | int, ...]) -> tuple[list[bytes], list[bytes]]:
-    """The keys and arguments of a script call, as Redis receives them: text in
-    UTF-8 (whatever encoding the client uses for its other commands, so that a
-    name means the same keys and doorbell channels to every client), integers
-    in decimal, the keys encoded once per ``LockKeys``. redis-py sends bytes as
-    they are, and its general encoder costs several times this per argument,
-    of which a grant sends about thirty."""
-    return keys.wire, [arg.encode() if isinstance(arg, str) else b"%d" % arg for arg in args]
+    """The keys and arguments of a script call, as Redis receives them: the
+    arguments in one value (``arguments`` in lib.lua), separated by single
+    spaces, so that no argument but the last may contain one; text in UTF-8
+    (whatever encoding the client uses for its other commands, so that a name
+    means the same keys and doorbell channels to every client), integers in
+    decimal; the keys encoded once per ``LockKeys``. redis-py sends bytes as
+    they are, and packs each value of a command in Python, which cost about as
+    much per value as the rest of a script call's handling of it."""
+    return keys.wire, [" ".join(map(str, args)).encode()] if args else []
 
 
 def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> Awaitable[T]:

@@ -120,14 +120,17 @@ async def test_the_scripts_on_a_grant_s_path_answer_in_one_value(
 ) -> None:
     """Issue 15: acquire (granted and queued), claim, release (with and
     without a hand-over) and renew each answer with a number or one string of
-    fields, so a client reads one RESP value per call: in redis-py's
-    pure-Python parser a value costs about as much as the rest of a grant's
-    handling of its reply."""
+    fields, and every script takes its arguments in one value, so a client
+    reads and sends one RESP value for them: in redis-py's pure-Python parser
+    and packer a value costs about as much as the rest of a grant's handling
+    of it."""
     replies: list[tuple[str, Any]] = []
+    sent: list[tuple[str, list[bytes]]] = []
     run = Script.run
 
-    async def recording(self: Script, *args: Any) -> Any:
-        reply = await run(self, *args)
+    async def recording(self: Script, client: Redis, keys: list[bytes], args: list[bytes]) -> Any:
+        sent.append((self.filename, args))
+        reply = await run(self, client, keys, args)
         replies.append((self.filename, reply))
         return reply
 
@@ -152,6 +155,25 @@ async def test_the_scripts_on_a_grant_s_path_answer_in_one_value(
         if name in on_the_path and not isinstance(reply, (int, bytes, str))
     ]
     assert not arrays, f"replies of more than one RESP value: {arrays}"
+    assert all(len(args) == 1 for _, args in sent), [c for c in sent if len(c[1]) != 1]
+
+
+async def test_a_name_with_spaces_rings_its_waiter(clients: dict[str, Redis]) -> None:
+    """The doorbell's channels hold the lock's name, which may contain spaces:
+    the scripts derive them from the keys rather than take them as an
+    argument. Two clients, two hubs: the grant is rung, and reaches the
+    waiter long before its poll."""
+    name = "nightly billing run"
+    holder = FifoLock(clients["utf-8"], name, poll_ms=30_000)
+    waiter = FifoLock(clients["utf-8, decoded"], name, poll_ms=30_000)
+    lease = await holder.acquire(timeout=SERVED_WITHIN_S)
+    waiting = asyncio.create_task(waiter.acquire())
+    await until(
+        lambda: clients["utf-8"].zcard(holder.keys.key("queue").encode()), "the waiter queued"
+    )
+    await holder.release(lease)
+    granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+    await waiter.release(granted)
 
 
 @pytest.mark.parametrize("kind", list(CLIENTS))

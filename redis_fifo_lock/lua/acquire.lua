@@ -2,25 +2,25 @@
 -- is free and we are the first live waiter, in one step.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
--- ARGV[2] request token (the caller's identity for this request)
--- ARGV[3] session id of the calling process (its liveness record)
--- ARGV[4] lease_ms: lease length in milliseconds for a grant to this request
--- ARGV[5] max_hold_ms: total renewal budget in milliseconds
--- ARGV[6] alive_ms: how long the session counts as alive from now, in milliseconds
--- ARGV[7] keep_ms: how long, in milliseconds, an idle name's keys, and the
---         records of a session no script spoke of, are kept
--- ARGV[8] floor: the calling process's floor, "<process>/<seq>" (see lib.lua)
--- ARGV[9] call: id of the acquire call sending this, "<process>/<seq>" (see
---         lib.lua); a call that finds its token queued or granted takes that
---         request over (unless it is an earlier call of the same process: a
---         late copy), and the call it replaces counts as ended. A request that
---         lost its place (its grant expired unclaimed, or its session was
---         presumed dead) joins again at the back with a new call
--- ARGV[10] holder: a short description of the caller (host, pid, task...),
---         shown by status.lua, never used for a decision; "" for none
--- ARGV[11] ring_key: a secret of this call (no spaces), which signs the ring
---         of its grant (see grant_next in lib.lua)
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   token: the request's token (the caller's identity for this request)
+--   session: id of the calling process's liveness session
+--   lease_ms: lease length in milliseconds for a grant to this request
+--   max_hold_ms: total renewal budget in milliseconds
+--   alive_ms: how long the session counts as alive from now, in milliseconds
+--   keep_ms: how long, in milliseconds, an idle name's keys, and the records
+--     of a session no script spoke of, are kept
+--   floor: the calling process's floor, "<process>/<seq>" (see lib.lua)
+--   call: id of the acquire call sending this, "<process>/<seq>" (see
+--     lib.lua); a call that finds its token queued or granted takes that
+--     request over (unless it is an earlier call of the same process: a late
+--     copy), and the call it replaces counts as ended. A request that lost its
+--     place (its grant expired unclaimed, or its session was presumed dead)
+--     joins again at the back with a new call
+--   ring_key: a secret of this call, which signs the ring of its grant (see
+--     grant_next in lib.lua)
+--   holder: a short description of the caller (host, pid, task...), shown by
+--     status.lua, never used for a decision; "" for none
 --
 -- Returns one string of fields (see reply in lib.lua):
 --   "1 <fence> <ticket> <pttl_ms> <queued>"
@@ -34,10 +34,11 @@
 --   "-1 <how>"                   refused: this call's request already ended, or
 --                                was taken over by a later call (how is an
 --                                ENDED_* code): a late copy changes nothing
-local doorbell, token, session = ARGV[1], ARGV[2], ARGV[3]
-local lease_ms, max_hold_ms, alive_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local keep_ms, floor, call = tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local holder, ring_key = ARGV[10], ARGV[11]
+local token, session, lease_ms, max_hold_ms, alive_ms, keep_ms, floor, call, ring_key, holder =
+    arguments(10)
+local doorbell = DOORBELL
+lease_ms, max_hold_ms = tonumber(lease_ms), tonumber(max_hold_ms)
+alive_ms, keep_ms = tonumber(alive_ms), tonumber(keep_ms)
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 

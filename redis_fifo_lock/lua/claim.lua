@@ -4,10 +4,11 @@
 -- reply, dated by when the caller sent it, starts the lease.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] request token
--- ARGV[2] ticket of the request
--- ARGV[3] lease_ms: new time to live in milliseconds
--- ARGV[4] keep_ms: see acquire.lua
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   token: the request's token
+--   ticket: the request's ticket
+--   lease_ms: new time to live in milliseconds
+--   keep_ms: see acquire.lua
 --
 -- Returns one string of fields (see reply in lib.lua), or a number:
 --   "1 <fence> <ticket> <pttl_ms> <queued>"
@@ -17,8 +18,8 @@
 --                                ticket if it is still queued, else 0 (its grant
 --                                expired unclaimed, or it was dropped or ended)
 --   -2                           held by it, but the max-hold deadline has passed
-local token, ticket = ARGV[1], tonumber(ARGV[2])
-local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local token, ticket, lease_ms, keep_ms = arguments(4)
+ticket, lease_ms, keep_ms = tonumber(ticket), tonumber(lease_ms), tonumber(keep_ms)
 local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= ticket then
     return reply(0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0)

@@ -6,18 +6,20 @@
 -- evicted holder's late writes.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
--- ARGV[2] fence of the grant to evict; 0 for whichever grant holds the lock
---         (a non-zero fence keeps a lock that changed hands since the
---         operator looked from being taken from its new holder)
--- ARGV[3] keep_ms: see acquire.lua
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   fence: the fence of the grant to evict; 0 for whichever grant holds the
+--     lock (a non-zero fence keeps a lock that changed hands since the
+--     operator looked from being taken from its new holder)
+--   keep_ms: see acquire.lua
 --
 -- Returns:
 --   {1, evicted_fence, holder}  the grant was evicted (holder: its description)
 --   {0, holder_fence}           nothing evicted: nobody holds the lock
 --                               (holder_fence 0), or the holder's fence is not
---                               ARGV[2]
-local doorbell, fence, keep_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+--                               `fence`
+local fence, keep_ms = arguments(2)
+local doorbell = DOORBELL
+fence, keep_ms = tonumber(fence), tonumber(keep_ms)
 local now, now_us = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'call', 'holder')
 if not held[1] or (fence ~= 0 and tonumber(held[2]) ~= fence) then

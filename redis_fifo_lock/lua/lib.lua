@@ -1,6 +1,7 @@
 -- lib.lua: definitions shared by every script; the loader puts this text in front
 -- of each script, so each loaded script stays self-contained.
 --
+-- ARGV[1]: the script's arguments in one string (see arguments below).
 -- KEYS (the same six for every script, all under the lock's hash tag):
 --   KEYS[1] queue     sorted set: request token -> ticket (arrival order)
 --   KEYS[2] waiters   hash: request token -> "<session> <lease_ms> <max_hold_ms> <call>
@@ -40,6 +41,26 @@
 -- a restart that lost data) because each is max(last + 1, server clock in us).
 local K_QUEUE, K_WAITERS, K_ALIVE, K_LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_COUNTERS, K_FINISHED = KEYS[5], KEYS[6]
+
+-- Prefix of the channels grants are rung on, "<prefix>:<session>": the keys'
+-- own prefix, then "doorbell" (see LockKeys in protocol.py). Not an argument,
+-- as it holds the lock's name, which may contain spaces (see arguments).
+local DOORBELL = string.sub(K_QUEUE, 1, -#'queue' - 1) .. 'doorbell'
+
+-- The script's `count` arguments, as strings. They come in one string,
+-- ARGV[1], separated by single spaces, so that a client sends one value, not
+-- one per argument (redis-py packs each in Python); none contains a space but
+-- the last, which may (a holder's description). A missing one fails the script.
+local function arguments(count)
+    local text, values, from = ARGV[1], {}, 1
+    for i = 1, count - 1 do
+        local space = string.find(text, ' ', from, true)
+        values[i] = string.sub(text, from, space - 1)
+        from = space + 1
+    end
+    values[count] = string.sub(text, from)
+    return unpack(values, 1, count)
+end
 
 -- How a request ended, in its record in K_FINISHED.
 -- ENDED_SETTLED: below its session's floor, with no record of how (and not

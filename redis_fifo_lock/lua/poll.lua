@@ -3,18 +3,19 @@
 -- the authority: it works with no doorbell at all), and reports the state.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
--- ARGV[2] session id of the polling process
--- ARGV[3] alive_ms: how long the session counts as alive from now, in milliseconds
--- ARGV[4] keep_ms: see acquire.lua
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   session: the polling process's session
+--   alive_ms: how long the session counts as alive from now, in milliseconds
+--   keep_ms: see acquire.lua
 --
 -- Returns {holder_token, fence, ticket, pttl_ms, head_ticket}:
 --   the holder's grant (holder_token false and the numbers 0 when nobody holds
 --   the lock) and the ticket of the first queued request (false when the queue
 --   is empty). A waiter whose ticket is below head_ticket and that is not the
 --   holder is no longer queued.
-local doorbell, session = ARGV[1], ARGV[2]
-local alive_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local session, alive_ms, keep_ms = arguments(3)
+local doorbell = DOORBELL
+alive_ms, keep_ms = tonumber(alive_ms), tonumber(keep_ms)
 local now, now_us = clock()
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 grant_next(now, now_us, doorbell, false, false)

@@ -2,14 +2,14 @@
 -- waiter, in one step.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
--- ARGV[2] request token of the lease
--- ARGV[3] fence of the lease
--- ARGV[4] keep_ms: see acquire.lua
--- ARGV[5] call: id of the acquire call the lease answered (see acquire.lua)
--- ARGV[6] session of the releasing process: a grant to one of its own waiters
---         is returned, not rung (it hands over without a pub/sub hop)
--- ARGV[7] floor: the releasing process's floor (see lib.lua)
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   token: the lease's request token
+--   fence: the lease's fence
+--   keep_ms: see acquire.lua
+--   call: id of the acquire call the lease answered (see acquire.lua)
+--   session: the releasing process's session: a grant to one of its own
+--     waiters is returned, not rung (it hands over without a pub/sub hop)
+--   floor: the releasing process's floor (see lib.lua)
 --
 -- Returns outcome (a number) or, when the lock went to a waiter of `session`
 -- (or, for a re-sent release, is held by a grant to `session`), one string of
@@ -21,8 +21,9 @@
 --       first one freed the lock without doing so), or a late copy of one
 --       whose process had its answer (ENDED_SETTLED)
 --   -1  the lease is not held: it expired or was never granted (lease lost)
-local doorbell, token, fence = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local keep_ms, call, session, floor = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+local token, fence, keep_ms, call, session, floor = arguments(6)
+local doorbell = DOORBELL
+fence, keep_ms = tonumber(fence), tonumber(keep_ms)
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence')

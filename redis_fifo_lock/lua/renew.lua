@@ -2,10 +2,11 @@
 -- max-hold deadline. Never revives a lease that already expired.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] request token of the lease
--- ARGV[2] fence of the lease
--- ARGV[3] lease_ms: new time to live in milliseconds
--- ARGV[4] keep_ms: see acquire.lua
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   token: the lease's request token
+--   fence: the lease's fence
+--   lease_ms: new time to live in milliseconds
+--   keep_ms: see acquire.lua
 --
 -- Returns one string of fields (see reply in lib.lua) "<outcome> <pttl_ms>
 -- <now_ms>", now_ms the server's clock (by which it expires keys), so that
@@ -13,8 +14,8 @@
 --   "1 <pttl_ms> <now_ms>"  renewed; the lease now lives pttl_ms more
 --   "0 0 <now_ms>"          refused: the lease is not held by this holder any more
 --   "-2 0 <now_ms>"         refused: the max-hold deadline has passed
-local token, fence = ARGV[1], tonumber(ARGV[2])
-local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local token, fence, lease_ms, keep_ms = arguments(4)
+fence, lease_ms, keep_ms = tonumber(fence), tonumber(lease_ms), tonumber(keep_ms)
 local now = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= fence then

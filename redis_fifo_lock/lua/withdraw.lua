@@ -7,25 +7,26 @@
 -- another process's.
 --
 -- KEYS: the six lock keys, see lib.lua.
--- ARGV[1] doorbell channel prefix (a grant rings "<prefix>:<session>")
--- ARGV[2] request token
--- ARGV[3] ticket of the request; 0 when its acquire's reply never arrived, so
---         the caller does not know it: then the request made by `call` is
---         withdrawn, and if there is none, (token, call) is recorded as ended,
---         so that its acquire, if still on its way, changes nothing when it lands
--- ARGV[4] session id of the process that made the request
--- ARGV[5] keep_ms: see acquire.lua
--- ARGV[6] call: id of the acquire call that made the request (see acquire.lua),
---         or '-' for a grant rung for a request nobody waits for, given back
---         by its ticket
--- ARGV[7] floor: the calling process's floor (see lib.lua)
+-- ARGV[1] the arguments (see arguments in lib.lua), in this order:
+--   token: the request's token
+--   ticket: the request's ticket; 0 when its acquire's reply never arrived, so
+--     the caller does not know it: then the request made by `call` is
+--     withdrawn, and if there is none, (token, call) is recorded as ended, so
+--     that its acquire, if still on its way, changes nothing when it lands
+--   session: the session of the process that made the request
+--   keep_ms: see acquire.lua
+--   call: id of the acquire call that made the request (see acquire.lua), or
+--     '-' for a grant rung for a request nobody waits for, given back by its
+--     ticket
+--   floor: the calling process's floor (see lib.lua)
 --
 -- Returns:
 --   1  withdrawn from the queue (cancelled before the grant)
 --   2  the grant had landed and was given back (cancelled after the grant)
 --   0  nothing to withdraw (never queued, or already ended)
-local doorbell, token, ticket = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local session, keep_ms, call, floor = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local token, ticket, session, keep_ms, call, floor = arguments(6)
+local doorbell = DOORBELL
+ticket, keep_ms = tonumber(ticket), tonumber(keep_ms)
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 local result = 0

@@ -18,6 +18,15 @@ AfterSend = Callable[[Any, str, tuple[Any, ...]], Awaitable[None]]
 reply is read."""
 
 
+def names(args: tuple[Any, ...], word: str) -> bool:
+    """Whether a command's ``args`` name ``word`` (a request token, say): as one
+    of them, or as one of the space-separated arguments a script call sends
+    in one value (see ``protocol.wired``)."""
+    return any(
+        word in (arg.decode() if isinstance(arg, bytes) else str(arg)).split(" ") for arg in args
+    )
+
+
 class StagedRedis(Redis):
     """Runs ``after_send`` (when set) between sending a command and reading its reply.
 

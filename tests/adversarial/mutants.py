@@ -353,8 +353,9 @@ class SplitGrantProtocol(Protocol):
         super().__init__(**overrides)
         body = (
             "\nlocal now, now_us = clock()\n"
-            "local g = grant_next(now, now_us, ARGV[1], ARGV[3], false)\n"
-            "touch(tonumber(ARGV[2]))\n"
+            "local keep_ms, caller = arguments(2)\n"
+            "local g = grant_next(now, now_us, DOORBELL, caller, false)\n"
+            "touch(tonumber(keep_ms))\n"
             "if g then return g end\nreturn false\n"
         )
         lib = lua_source("lib.lua")
@@ -377,7 +378,7 @@ class SplitGrantProtocol(Protocol):
         if not free:
             return None
         await asyncio.sleep(SPLIT_GAP_S)  # the gap between the two round trips
-        reply = await self._call(client, keys, "grant", keys.doorbell, keep_ms, caller)
+        reply = await self._call(client, keys, "grant", keep_ms, caller)
         if not reply:
             return None
         token = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])

@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, in_fresh_arena
+from tests.adversarial.clients import names
 from tests.adversarial.faults import kill_connections
 from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
@@ -32,9 +33,7 @@ async def _reply_lost(arena: Arena, held: bool, *, resent: bool) -> list[str]:
     seen: dict[str, Any] = {}
 
     async def drop_reply(conn: Any, name: str, args: tuple[Any, ...]) -> None:
-        if name != "EVALSHA" or "v" not in [
-            a.decode() if isinstance(a, bytes) else a for a in args
-        ]:
+        if name != "EVALSHA" or not names(args, "v"):
             return
         client.after_send = None
         if held:

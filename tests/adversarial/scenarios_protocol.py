@@ -17,7 +17,7 @@ from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, LoopThread, in_fresh_arena
-from tests.adversarial.clients import make_client
+from tests.adversarial.clients import make_client, names
 from tests.adversarial.faults import KEY_PARTS, kill_connections
 from tests.adversarial.registry import Context, Outcome, outcome, scenario
 from tests.support.record import read_lines
@@ -582,9 +582,7 @@ async def _abandon(arena: Arena, who: str, *, how: str) -> list[str]:
     token = f"{who}-{arena.ctx.rng.getrandbits(20):05x}"
 
     async def lose_reply(conn: Any, name: str, args: tuple[Any, ...]) -> None:
-        if name != "EVALSHA" or token not in [
-            a.decode() if isinstance(a, bytes) else a for a in args
-        ]:
+        if name != "EVALSHA" or not names(args, token):
             return
         client.after_send = None
         await arena.until(lambda: _queued_or_held(arena, token), f"{who}'s acquire ran in Redis")

@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena, cancel_and_record, in_fresh_arena
-from tests.adversarial.clients import StagedRedis
+from tests.adversarial.clients import StagedRedis, names
 from tests.adversarial.registry import Context, Outcome, outcome, scenario
 
 STAGE_LEASE_MS = 2000
@@ -30,9 +30,7 @@ def hold_at(
     async def hook(conn: Any, name: str, args: tuple[Any, ...]) -> None:
         if name.split(" ")[0] != command or reached.is_set():
             return
-        if token is not None and token not in (
-            a.decode() if isinstance(a, bytes) else a for a in args
-        ):
+        if token is not None and not names(args, token):
             return
         reached.set()
         await proceed.wait()

@@ -33,9 +33,12 @@ class ScriptCall:
     args: tuple[Any, ...]
 
     def mentions(self, word: str) -> bool:
-        """Whether ``word`` is one of the call's arguments (e.g. a request token)."""
+        """Whether ``word`` is one of the call's arguments (e.g. a request token;
+        a script call sends them in one value, separated by spaces: see
+        ``protocol.wired``)."""
         return any(
-            (arg.decode() if isinstance(arg, bytes) else str(arg)) == word for arg in self.args
+            word in (arg.decode() if isinstance(arg, bytes) else str(arg)).split(" ")
+            for arg in self.args
         )
 
     async def replay(self, client: AsyncClient | None = None) -> Any:
