@@ -123,12 +123,9 @@ async def test_the_order_of_ends_kills_the_alarms_mutants(
     assert problems, f"{mutant.__name__} passed"
 
 
-async def test_a_thousand_calls_arm_one_timer_not_a_thousand(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Calls that end before their bound leave the loop's timers alone: the
-    shared timer is armed once for all of them (the point of sharing it)."""
-    loop = asyncio.get_running_loop()
+def _timers_armed(loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """From now on, when each timer armed on ``loop`` is due (``call_later``
+    arms through ``call_at``)."""
     armed: list[float] = []
     call_at = loop.call_at
 
@@ -137,6 +134,16 @@ async def test_a_thousand_calls_arm_one_timer_not_a_thousand(
         return call_at(when, *args, **kwargs)
 
     monkeypatch.setattr(loop, "call_at", counting_call_at)
+    return armed
+
+
+async def test_a_thousand_calls_arm_one_timer_not_a_thousand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls that end before their bound leave the loop's timers alone: the
+    shared timer is armed once for all of them (the point of sharing it)."""
+    loop = asyncio.get_running_loop()
+    armed = _timers_armed(loop, monkeypatch)
 
     async def answer(value: int) -> int:
         await asyncio.sleep(0)
@@ -205,14 +212,7 @@ async def test_a_thousand_grants_arm_no_timer_each(
     lock = FifoLock(client, "alarms")
     await lock.release(await lock.acquire(timeout=5))  # scripts loaded, doorbell idle
     loop = asyncio.get_running_loop()
-    armed: list[float] = []
-    call_at = loop.call_at
-
-    def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
-        armed.append(when)
-        return call_at(when, *args, **kwargs)
-
-    monkeypatch.setattr(loop, "call_at", counting_call_at)
+    armed = _timers_armed(loop, monkeypatch)
     try:
         for _ in range(1000):
             await lock.release(await lock.acquire(timeout=5))
