@@ -34,8 +34,8 @@ class Alarms:
     the alarm: whatever the alarm holds, a task and its loop, goes at once)
     until it reaches the top or the heap is rebuilt, which it is once most of
     it is such numbers. So the size is bounded by the alarms set and neither
-    due yet nor cancelled (times two, plus 64). Holds no reference to its loop
-    (see ``_by_loop``).
+    due yet nor cancelled (times two, plus 64). While any alarm is set, a
+    timer is armed, so the loop holds its alarms (see ``_by_loop``).
     """
 
     def __init__(self) -> None:
@@ -59,11 +59,7 @@ class Alarms:
         if len(self._heap) > 2 * len(self._alarms) + 64:
             self._heap = [entry for entry in self._heap if entry[1] in self._alarms]
             heapq.heapify(self._heap)
-        handle = self._handle() if self._handle is not None else None
-        if handle is None or when < handle.when():
-            if handle is not None:
-                handle.cancel()
-            self._handle = weakref.ref(loop.call_at(when, self._ring))
+        self._arm(loop, when)
 
     def cancel(self, alarm: Alarm) -> None:
         """Forget ``alarm`` (a no-op if it rang or was cancelled already)."""
@@ -92,12 +88,26 @@ class Alarms:
             while heap and heap[0][1] not in alarms:
                 heapq.heappop(heap)
             if heap:
-                self._handle = weakref.ref(loop.call_at(heap[0][0], self._ring))
+                self._arm(loop, heap[0][0])
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        """Have the timer ring at ``when`` at the latest (an alarm set from
+        within ``_ring`` may have armed it already)."""
+        handle = self._handle() if self._handle is not None else None
+        if handle is None or when < handle.when():
+            if handle is not None:
+                handle.cancel()
+            self._handle = weakref.ref(loop.call_at(when, self._ring))
 
 
-_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Alarms] = weakref.WeakKeyDictionary()
-"""Each loop's ``Alarms``. They hold no reference to their loop (the loop holds
-their pending handle), so the entry goes with the loop."""
+_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[Alarms]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each loop's ``Alarms``, held weakly. What holds them is the loop (their armed
+timer, while any alarm is set; ``close()`` drops it) and whoever set an alarm
+and may cancel it. Their alarms lead back to the loop (a task, a renewal), so
+a strong reference here would keep every loop that closed with an alarm set
+(a lease still held, a call cut off by the loop's end), and all it holds."""
 _guard = threading.Lock()
 
 
@@ -113,9 +123,15 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def alarms(loop: asyncio.AbstractEventLoop) -> Alarms:
-    """``loop``'s ``Alarms``, created on first use."""
-    found = _by_loop.get(loop)
+    """``loop``'s ``Alarms``, created on first use (and again once the last
+    ones were dropped)."""
+    kept = _by_loop.get(loop)
+    found = kept() if kept is not None else None
     if found is None:
         with _guard:
-            found = _by_loop.setdefault(loop, Alarms())
+            kept = _by_loop.get(loop)
+            found = kept() if kept is not None else None
+            if found is None:
+                found = Alarms()
+                _by_loop[loop] = weakref.ref(found)
     return found

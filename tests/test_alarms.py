@@ -220,3 +220,62 @@ async def test_a_thousand_grants_arm_no_timer_each(
         await client.aclose()
     assert len(armed) <= 20, f"{len(armed)} timers armed for 1,000 grants"
     assert alarms(loop).pending() == 0
+
+
+def test_a_loop_closed_with_a_bound_running_goes_with_it() -> None:
+    """A loop closed while a task still waits inside ``within`` (its alarm
+    set) is not kept by its alarms, whose expiry leads back to the loop."""
+    loop = asyncio.new_event_loop()
+    waiting = loop.create_task(within(_never(), 60))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    waiting.cancel()  # only to keep asyncio from logging a pending task destroyed
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop, waiting
+    gc.collect()
+    assert gone() is None, "the closed loop is kept alive"
+
+
+def test_loops_closed_with_a_lease_held_go_with_them(redis_url: str) -> None:
+    """``asyncio.run`` returning a lease still held (its first renewal an alarm
+    of the loop that closed): once the lease is dropped, nothing keeps the
+    loop, its client or its tasks."""
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def take(name: str) -> Any:
+        client = AsyncRedis.from_url(redis_url)
+        lease = await FifoLock(client, name).acquire(timeout=5)
+        await client.aclose()
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        return lease
+
+    for n in range(3):
+        lease = asyncio.run(take(f"closed-with-lease-{n}"))
+        del lease
+    gc.collect()  # runs the dropped leases' finalizers, which hold their renewals
+    gc.collect()
+    kept = [loop for loop in loops if loop() is not None]
+    assert not kept, f"{len(kept)} of 3 closed loops kept"
+
+
+async def test_an_alarm_that_sets_an_alarm_leaves_one_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An alarm's callback that sets another alarm: the timer it armed is the
+    one left, not a second beside it."""
+    loop = asyncio.get_running_loop()
+    on_loop = alarms(loop)
+    armed = _timers_armed(loop, monkeypatch)
+    rang = asyncio.Event()
+    armed_when_rang: list[int] = []
+
+    def second() -> None:
+        armed_when_rang.append(len(armed))
+        rang.set()
+
+    def first() -> None:
+        on_loop.set(loop, loop.time() + 0.05, second)
+
+    on_loop.set(loop, loop.time() + 0.01, first)
+    await within(rang.wait(), 5)
+    assert armed_when_rang == [2], f"{armed_when_rang} timers armed for two alarms"
