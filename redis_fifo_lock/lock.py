@@ -106,7 +106,10 @@ def check_timeout(timeout: object) -> float | None:
 
 
 def check_token(token: object) -> str:
-    """Return ``token`` if it can identify a request, else raise ``ValueError``."""
+    """``token`` as the plain ``str`` of its value if it can identify a
+    request, else raise ``ValueError``. A ``str`` subclass (an Enum member,
+    say) may print, hash and compare other than its value, which is what Redis
+    holds and hands back."""
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
         raise ValueError(
             f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, "
@@ -114,7 +117,7 @@ def check_token(token: object) -> str:
         )
     if any(ch.isspace() for ch in token):
         raise ValueError(f"token must not contain whitespace, got {shown_value(token)}")
-    return token
+    return token if type(token) is str else str.__str__(token)
 
 
 def lock_settings(

@@ -684,7 +684,13 @@ def wired(keys: LockKeys, args: tuple[str | int, ...]) -> tuple[list[bytes], lis
     decimal; the keys encoded once per ``LockKeys``. redis-py sends bytes as
     they are, and packs each value of a command in Python, which cost about as
     much per value as the rest of a script call's handling of it."""
-    return keys.wire, [" ".join(map(str, args)).encode()] if args else []
+    if not args:
+        return keys.wire, []
+    # From each argument's value: str() of a subclass of str or int (an Enum
+    # member) may give another text.
+    return keys.wire, [
+        b" ".join([arg.encode() if isinstance(arg, str) else b"%d" % arg for arg in args])
+    ]
 
 
 def bounded(client: AsyncClient, call: Awaitable[T], waiting_s: float = 0.0) -> Awaitable[T]:

@@ -15,6 +15,7 @@ grant's path answer in one RESP value each (``reply`` in lib.lua).
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -156,6 +157,32 @@ async def test_the_scripts_on_a_grant_s_path_answer_in_one_value(
     ]
     assert not arrays, f"replies of more than one RESP value: {arrays}"
     assert all(len(args) == 1 for _, args in sent), [c for c in sent if len(c[1]) != 1]
+
+
+class _Token(str, enum.Enum):
+    JOB = "job-à"
+
+
+@pytest.mark.parametrize("one_client", [True, False], ids=["handed over", "rung"])
+async def test_a_str_enum_token_is_sent_as_its_value(
+    clients: dict[str, Redis], one_client: bool
+) -> None:
+    """A token or a fence may be an Enum member of str or int (``str()`` of
+    one gives its name, not its value): the lock sends its value, so that its
+    grant comes back under the token the waiter knows, at once."""
+    holder = FifoLock(clients["utf-8"], "enum-token", poll_ms=30_000)
+    waiter = holder if one_client else FifoLock(clients["latin-1, decoded"], "enum-token")
+    lease = await holder.acquire(timeout=SERVED_WITHIN_S)
+    waiting = asyncio.create_task(waiter.acquire(token=_Token.JOB))
+    await until(
+        lambda: clients["utf-8"].zscore(holder.keys.key("queue").encode(), "job-à".encode()),
+        "the waiter queued under its token's value",
+    )
+    await holder.release(lease)
+    granted = await asyncio.wait_for(waiting, timeout=SERVED_WITHIN_S)
+    assert granted.token == "job-à" and type(granted.token) is str
+    fence = enum.Enum("Fence", {"HELD": granted.fence}, type=int).HELD  # str(): "Fence.HELD"
+    assert await waiter.force_release(fence) == granted.fence
 
 
 async def test_a_name_with_spaces_rings_its_waiter(clients: dict[str, Redis]) -> None:
