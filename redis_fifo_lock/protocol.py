@@ -580,9 +580,12 @@ class Protocol:
         )
         if isinstance(reply, int):
             return reply, None
-        outcome, token, fence, ticket, pttl_ms, call, queued = _fields(reply)
-        grant = Grant(int(fence), int(ticket), int(pttl_ms), _text(call, client) or "", int(queued))
-        return int(outcome), (_text(token, client) or "", grant)
+        # The grant made to a waiter of this process, not this lease's.
+        outcome, to_token, to_fence, to_ticket, pttl_ms, to_call, queued = _fields(reply)
+        grant = Grant(
+            int(to_fence), int(to_ticket), int(pttl_ms), _text(to_call, client) or "", int(queued)
+        )
+        return int(outcome), (_text(to_token, client) or "", grant)
 
     async def renew(
         self, client: AsyncClient, keys: LockKeys, token: str, fence: int, settings: LockSettings
