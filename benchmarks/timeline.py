@@ -96,7 +96,7 @@ def _stamped(events: Events) -> Callable[[str], None]:
 
     original_run = Script.run
 
-    def run(self: Script, client: Any, keys: list[str], args: list[Any]) -> Any:
+    def run(self: Script, client: Any, keys: list[bytes], args: list[bytes]) -> Any:
         once("script")
         return original_run(self, client, keys, args)
 
@@ -112,10 +112,10 @@ def _stamped(events: Events) -> Callable[[str], None]:
 
     original_dispatch = Doorbell._dispatch
 
-    def dispatch(self: Doorbell, message: dict[str, object]) -> None:
+    def dispatch(self: Doorbell, message: dict[str, object], encoding: tuple[str, str]) -> None:
         if message["type"] == "message":
             stamp("ring read")
-        original_dispatch(self, message)
+        original_dispatch(self, message, encoding)
 
     Doorbell._dispatch = dispatch  # type: ignore[method-assign]
 

@@ -1,19 +1,23 @@
-"""The benchmark's arithmetic and report, on made-up records: no timing is asserted.
+"""The benchmark's arithmetic and report, on made-up records, and its profiling
+tools on a short run: no speed is asserted.
 
 The benchmark itself runs in CI at its smoke size (``.ci/run``); these tests pin
-down what its figures mean, and that the committed full-run report is complete
-and agrees with its JSON.
+down what its figures mean, that the committed full-run report is complete
+and agrees with its JSON, and that ``benchmarks.timeline`` still sees a rung
+hand-off's hops (a bound of a second only tells a ring from a poll).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks import timeline
 from benchmarks.analysis import TimedHold, fifo_violations, quantile, summarize_contended
 from benchmarks.instructions import total_of
 from benchmarks.libraries import LIBRARIES, row_key, split_row_key
@@ -310,3 +314,16 @@ def test_the_instruction_count_is_read_from_callgrind_s_summary() -> None:
     assert total_of("events: Ir\ntotals: 17\n") == 17
     with pytest.raises(RuntimeError, match="no instruction total in cg-out"):
         total_of("events: Ir\nfn=(1) main\n", "cg-out")
+
+
+def test_the_timeline_stamps_every_hop_of_a_rung_hand_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # It runs the lock with its doorbell patched: a patch that no longer fitted
+    # the doorbell's signature broke every subscription, and the tool printed
+    # 30 s poll waits as the hops of a hand-off.
+    timeline.main(["--processes", "2", "--tasks", "2", "--seconds", "1"])
+    out = capsys.readouterr().out
+    medians_us = {kind: int(us) for kind, us in re.findall(r"^  (\S.*?)\s+(\d+) us", out, re.M)}
+    assert set(medians_us) == {*timeline.HOLDER_SIDE, *timeline.WAITER_SIDE, "returned"}, out
+    assert medians_us["returned"] < 1_000_000, out
