@@ -86,7 +86,7 @@ else
     redis.call('ZADD', K_QUEUE, int(ticket), token)
 end
 redis.call('HSET', K_WAITERS, token,
-    session .. ' ' .. lease_ms .. ' ' .. max_hold_ms .. ' ' .. call .. ' ' .. ring_key .. ' ' .. holder)
+    session .. ' ' .. int(lease_ms) .. ' ' .. int(max_hold_ms) .. ' ' .. call .. ' ' .. ring_key .. ' ' .. holder)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
 -- Held by another request (read above, and unchanged since), or free.

@@ -30,6 +30,6 @@ if remaining <= 0 then
     return -2
 end
 local ttl = math.min(lease_ms, remaining)
-redis.call('PEXPIRE', K_LEASE, ttl)
+redis.call('PEXPIRE', K_LEASE, int(ttl))
 touch(keep_ms)
 return reply(1, tonumber(held[3]), ticket, ttl, redis.call('ZCARD', K_QUEUE))

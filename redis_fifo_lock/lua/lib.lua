@@ -67,9 +67,14 @@ end
 -- the grant no script ended: that one ran out, ENDED_LOST; see ended).
 local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED, ENDED_SETTLED = 0, 1, 2, 3, 4
 
--- An integer as Redis stores it: tostring() would write 1.7e+15.
+-- An integer as Redis stores it: tostring() would write 1.7e+15. '%d' formats
+-- it as a C long, which holds every integer a double holds exactly; '%.0f'
+-- (and Redis's own '%.17g' for a number passed to redis.call, and Lua's
+-- '%.14g' for one in a concatenation) goes through glibc's arbitrary-precision
+-- float printer, which cost a sixth of Redis's work on a grant. So numbers
+-- reach redis.call, and text, only through int().
 local function int(n)
-    return string.format('%.0f', n)
+    return string.format('%d', n)
 end
 
 -- The scripts on a grant's path (acquire, claim, release, renew) answer in one
@@ -141,7 +146,7 @@ end
 local function set_floor(session, floor, now, held, old)
     local entry = session .. '/~ ' .. floor .. ' ' .. int(now) .. held
     if entry ~= old then
-        redis.call('ZADD', K_FINISHED, 0, entry)
+        redis.call('ZADD', K_FINISHED, '0', entry)
         if old then
             redis.call('ZREM', K_FINISHED, old)
         end
@@ -178,7 +183,7 @@ end
 
 -- The record of how the request made by `call` ended, or nil.
 local function record_of(call)
-    return redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. call .. ' ', '[' .. call .. ' ~', 'LIMIT', 0, 1)[1]
+    return redis.call('ZRANGEBYLEX', K_FINISHED, '[' .. call .. ' ', '[' .. call .. ' ~', 'LIMIT', '0', '1')[1]
 end
 
 -- The "+<seq>..." of `held` that Redis can vouch for: each one already held
@@ -274,10 +279,11 @@ local function finish(call, how, now)
     if not session then
         return
     end
+    local record = call .. ' ' .. int(how)
     if how == ENDED_LOST then
-        how = how .. ' ' .. int(now)  -- no floor sweeps it for keep_ms (see advance)
+        record = record .. ' ' .. int(now)  -- no floor sweeps it for keep_ms (see advance)
     end
-    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)
+    redis.call('ZADD', K_FINISHED, '0', record)
     local floor = floor_of(session)
     set_floor(session, floor and floor[1] or '0', now, floor and floor[3] or '', floor and floor[5])
 end
@@ -316,8 +322,9 @@ end
 
 -- Every key but the lease expires keep_ms after the last script that wrote.
 local function touch(keep_ms)
+    local ms = int(keep_ms)
     for _, key in ipairs({K_QUEUE, K_WAITERS, K_ALIVE, K_COUNTERS, K_FINISHED}) do
-        redis.call('PEXPIRE', key, keep_ms)
+        redis.call('PEXPIRE', key, ms)
     end
 end
 
@@ -373,9 +380,9 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session, l
         redis.call('HDEL', K_COUNTERS, 'holder', 'holder_call')
         finish(last[2] or '-', ENDED_LOST, now)
     end
-    redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', int(now))
     while true do
-        local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+        local head = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
         if #head == 0 then
             return nil
         end
@@ -391,11 +398,11 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session, l
             redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket', int(ticket),
                 'session', session, 'call', call, 'deadline', int(now + waiter[3]),
                 'holder', waiter[5])
-            redis.call('PEXPIRE', K_LEASE, ttl)
+            redis.call('PEXPIRE', K_LEASE, int(ttl))
             redis.call('HSET', K_COUNTERS, 'fence', int(fence), 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then
                 local body = token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl)
-                    .. ' ' .. call .. ' ' .. redis.call('ZCARD', K_QUEUE)
+                    .. ' ' .. call .. ' ' .. int(redis.call('ZCARD', K_QUEUE))
                 redis.pcall('PUBLISH', doorbell .. ':' .. session,
                     body .. ' ' .. redis.sha1hex(waiter[6] .. ' ' .. body))
             end

@@ -21,6 +21,6 @@ redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 grant_next(now, now_us, doorbell, false, false)
 touch(keep_ms)
 local held = current_grant() or {false, 0, 0, 0}
-local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+local head = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
 held[5] = head[2] and tonumber(head[2]) or false
 return held

@@ -26,6 +26,6 @@ if remaining <= 0 then
     return reply(-2, 0, now)
 end
 local ttl = math.min(lease_ms, remaining)
-redis.call('PEXPIRE', K_LEASE, ttl)
+redis.call('PEXPIRE', K_LEASE, int(ttl))
 touch(keep_ms)
 return reply(1, ttl, now)

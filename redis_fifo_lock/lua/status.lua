@@ -22,7 +22,7 @@ for _, session in ipairs(redis.call('ZRANGE', K_ALIVE, '(' .. clock(), '+inf', '
     live_sessions[session] = true
 end
 local live = 0
-local tokens = redis.call('ZRANGE', K_QUEUE, 0, -1)
+local tokens = redis.call('ZRANGE', K_QUEUE, '0', '-1')
 for first = 1, #tokens, 1000 do
     local metas = redis.call('HMGET', K_WAITERS, unpack(tokens, first, math.min(first + 999, #tokens)))
     for _, meta in ipairs(metas) do
