@@ -3,8 +3,9 @@ tools on a short run: no speed is asserted.
 
 The benchmark itself runs in CI at its smoke size (``.ci/run``); these tests pin
 down what its figures mean, that the committed full-run report is complete
-and agrees with its JSON, and that ``benchmarks.timeline`` still sees a rung
-hand-off's hops (a bound of a second only tells a ring from a poll).
+and agrees with its JSON, that ``benchmarks.timeline`` still sees a rung
+hand-off's hops (a bound of a second only tells a ring from a poll), and that
+``benchmarks.server_cost`` counts a grant's scripts.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks import timeline
+from benchmarks import server_cost, timeline
 from benchmarks.analysis import TimedHold, fifo_violations, quantile, summarize_contended
 from benchmarks.instructions import total_of
 from benchmarks.libraries import LIBRARIES, row_key, split_row_key
@@ -327,3 +329,13 @@ def test_the_timeline_stamps_every_hop_of_a_rung_hand_off(
     medians_us = {kind: int(us) for kind, us in re.findall(r"^  (\S.*?)\s+(\d+) us", out, re.M)}
     assert set(medians_us) == {*timeline.HOLDER_SIDE, *timeline.WAITER_SIDE, "returned"}, out
     assert medians_us["returned"] < 1_000_000, out
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_the_server_cost_counts_the_scripts_of_each_grant() -> None:
+    instructions, commands = server_cost.per_grant("fifolock", small=10, big=30, processes=2)
+    # Each grant is a queued acquire and a release that hands over and rings:
+    # some forty commands inside the two scripts (tests/test_script_cost.py
+    # pins them down), and far more instructions than commands.
+    assert 20 < commands < 80
+    assert instructions > 1_000 * commands
