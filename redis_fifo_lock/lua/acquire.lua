@@ -34,11 +34,10 @@
 --   "-1 <how>"                   refused: this call's request already ended, or
 --                                was taken over by a later call (how is an
 --                                ENDED_* code): a late copy changes nothing
-local token, session, lease_ms, max_hold_ms, alive_ms, keep_ms, floor, call, ring_key, holder =
-    arguments(10)
+local token, session, lease_text, max_hold_text, alive_text, keep_text, floor, call, ring_key,
+    holder = arguments(10)
 local doorbell = DOORBELL
-lease_ms, max_hold_ms = tonumber(lease_ms), tonumber(max_hold_ms)
-alive_ms, keep_ms = tonumber(alive_ms), tonumber(keep_ms)
+local alive_ms, keep_ms = tonumber(alive_text), tonumber(keep_text)
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 
@@ -71,7 +70,7 @@ if held[1] == token then
         redis.call('HSET', K_LEASE, 'call', call)
         redis.call('HSET', K_COUNTERS, 'holder_call', call)
     end
-    return reply(1, tonumber(held[2]), tonumber(held[3]), redis.call('PTTL', K_LEASE),
+    return reply(1, held[2], held[3], redis.call('PTTL', K_LEASE),
         redis.call('ZCARD', K_QUEUE))
 end
 
@@ -82,21 +81,22 @@ if ticket then
     end
 else
     ticket = next_number(redis.call('HGET', K_COUNTERS, 'ticket'), now_us)
-    redis.call('HSET', K_COUNTERS, 'ticket', int(ticket))
-    redis.call('ZADD', K_QUEUE, int(ticket), token)
+    local ticket_text = int(ticket)
+    redis.call('HSET', K_COUNTERS, 'ticket', ticket_text)
+    redis.call('ZADD', K_QUEUE, ticket_text, token)
 end
 redis.call('HSET', K_WAITERS, token,
-    session .. ' ' .. int(lease_ms) .. ' ' .. int(max_hold_ms) .. ' ' .. call .. ' ' .. ring_key .. ' ' .. holder)
+    session .. ' ' .. lease_text .. ' ' .. max_hold_text .. ' ' .. call .. ' ' .. ring_key .. ' ' .. holder)
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 
 -- Held by another request (read above, and unchanged since), or free.
 local granted = not held[1] and grant_next(now, now_us, doorbell, token, false, true)
-touch(keep_ms)
+touch(keep_text)
 if granted and granted[1] == token then
     return reply(1, granted[2], granted[3], granted[4], redis.call('ZCARD', K_QUEUE))
 end
 if granted then
     return reply(0, ticket, granted[2], granted[4])
 end
-return reply(0, ticket, tonumber(held[2]) or 0,
+return reply(0, ticket, held[2] or 0,
     held[1] and math.max(0, redis.call('PTTL', K_LEASE)) or 0)

@@ -18,8 +18,8 @@
 --                                ticket if it is still queued, else 0 (its grant
 --                                expired unclaimed, or it was dropped or ended)
 --   -2                           held by it, but the max-hold deadline has passed
-local token, ticket, lease_ms, keep_ms = arguments(4)
-ticket, lease_ms, keep_ms = tonumber(ticket), tonumber(lease_ms), tonumber(keep_ms)
+local token, ticket, lease_ms, keep_text = arguments(4)
+ticket, lease_ms = tonumber(ticket), tonumber(lease_ms)
 local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= ticket then
     return reply(0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0)
@@ -31,5 +31,5 @@ if remaining <= 0 then
 end
 local ttl = math.min(lease_ms, remaining)
 redis.call('PEXPIRE', K_LEASE, int(ttl))
-touch(keep_ms)
+touch(keep_text)
 return reply(1, tonumber(held[3]), ticket, ttl, redis.call('ZCARD', K_QUEUE))

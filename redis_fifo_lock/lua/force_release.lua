@@ -17,9 +17,9 @@
 --   {0, holder_fence}           nothing evicted: nobody holds the lock
 --                               (holder_fence 0), or the holder's fence is not
 --                               `fence`
-local fence, keep_ms = arguments(2)
+local fence, keep_text = arguments(2)
 local doorbell = DOORBELL
-fence, keep_ms = tonumber(fence), tonumber(keep_ms)
+fence = tonumber(fence)
 local now, now_us = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'call', 'holder')
 if not held[1] or (fence ~= 0 and tonumber(held[2]) ~= fence) then
@@ -28,5 +28,5 @@ end
 -- Recorded as lost (not released): the holder did not give it up.
 end_grant(held[3] or '-', ENDED_LOST, now)
 grant_next(now, now_us, doorbell, false, false)
-touch(keep_ms)
+touch(keep_text)
 return {1, tonumber(held[2]), held[4] or ''}

@@ -321,11 +321,14 @@ local function waiter_of(token)
 end
 
 -- Every key but the lease expires keep_ms after the last script that wrote.
-local function touch(keep_ms)
-    local ms = int(keep_ms)
-    for _, key in ipairs({K_QUEUE, K_WAITERS, K_ALIVE, K_COUNTERS, K_FINISHED}) do
-        redis.call('PEXPIRE', key, ms)
-    end
+-- keep_text is keep_ms as the script's argument gave it: text goes to Redis as
+-- it came, with no format (see int).
+local function touch(keep_text)
+    redis.call('PEXPIRE', K_QUEUE, keep_text)
+    redis.call('PEXPIRE', K_WAITERS, keep_text)
+    redis.call('PEXPIRE', K_ALIVE, keep_text)
+    redis.call('PEXPIRE', K_COUNTERS, keep_text)
+    redis.call('PEXPIRE', K_FINISHED, keep_text)
 end
 
 -- The current grant as {token, fence, ticket, pttl_ms}, or nil when nobody holds it.
@@ -395,13 +398,14 @@ local function grant_next(now, now_us, doorbell, caller_token, caller_session, l
             local session, call = waiter[1], waiter[4]
             local ttl = math.min(waiter[2], alive_until - now)
             local fence = next_number(last[3], now_us)
-            redis.call('HSET', K_LEASE, 'token', token, 'fence', int(fence), 'ticket', int(ticket),
+            local fence_text, ticket_text, ttl_text = int(fence), int(ticket), int(ttl)
+            redis.call('HSET', K_LEASE, 'token', token, 'fence', fence_text, 'ticket', ticket_text,
                 'session', session, 'call', call, 'deadline', int(now + waiter[3]),
                 'holder', waiter[5])
-            redis.call('PEXPIRE', K_LEASE, int(ttl))
-            redis.call('HSET', K_COUNTERS, 'fence', int(fence), 'holder', token, 'holder_call', call)
+            redis.call('PEXPIRE', K_LEASE, ttl_text)
+            redis.call('HSET', K_COUNTERS, 'fence', fence_text, 'holder', token, 'holder_call', call)
             if token ~= caller_token and session ~= caller_session then
-                local body = token .. ' ' .. int(fence) .. ' ' .. int(ticket) .. ' ' .. int(ttl)
+                local body = token .. ' ' .. fence_text .. ' ' .. ticket_text .. ' ' .. ttl_text
                     .. ' ' .. call .. ' ' .. int(redis.call('ZCARD', K_QUEUE))
                 redis.pcall('PUBLISH', doorbell .. ':' .. session,
                     body .. ' ' .. redis.sha1hex(waiter[6] .. ' ' .. body))

@@ -13,13 +13,13 @@
 --   the lock) and the ticket of the first queued request (false when the queue
 --   is empty). A waiter whose ticket is below head_ticket and that is not the
 --   holder is no longer queued.
-local session, alive_ms, keep_ms = arguments(3)
+local session, alive_ms, keep_text = arguments(3)
 local doorbell = DOORBELL
-alive_ms, keep_ms = tonumber(alive_ms), tonumber(keep_ms)
+alive_ms = tonumber(alive_ms)
 local now, now_us = clock()
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 grant_next(now, now_us, doorbell, false, false)
-touch(keep_ms)
+touch(keep_text)
 local held = current_grant() or {false, 0, 0, 0}
 local head = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
 held[5] = head[2] and tonumber(head[2]) or false

@@ -21,9 +21,10 @@
 --       first one freed the lock without doing so), or a late copy of one
 --       whose process had its answer (ENDED_SETTLED)
 --   -1  the lease is not held: it expired or was never granted (lease lost)
-local token, fence, keep_ms, call, session, floor = arguments(6)
+local token, fence, keep_text, call, session, floor = arguments(6)
 local doorbell = DOORBELL
-fence, keep_ms = tonumber(fence), tonumber(keep_ms)
+fence = tonumber(fence)
+local keep_ms = tonumber(keep_text)
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence')
@@ -44,7 +45,7 @@ else
     end
 end
 local granted = grant_next(now, now_us, doorbell, false, session)
-touch(keep_ms)
+touch(keep_text)
 if granted and granted[6] == session then
     return reply(result, granted[1], granted[2], granted[3], granted[4], granted[5],
         redis.call('ZCARD', K_QUEUE))
@@ -56,7 +57,7 @@ if result == 0 then
     -- waiter if it still waits, and leaves a grant it already holds alone.
     local lease = redis.call('HMGET', K_LEASE, 'token', 'fence', 'ticket', 'session', 'call')
     if lease[4] == session then
-        return reply(result, lease[1], tonumber(lease[2]), tonumber(lease[3]),
+        return reply(result, lease[1], lease[2], lease[3],
             redis.call('PTTL', K_LEASE), lease[5], redis.call('ZCARD', K_QUEUE))
     end
 end

@@ -14,8 +14,8 @@
 --   "1 <pttl_ms> <now_ms>"  renewed; the lease now lives pttl_ms more
 --   "0 0 <now_ms>"          refused: the lease is not held by this holder any more
 --   "-2 0 <now_ms>"         refused: the max-hold deadline has passed
-local token, fence, lease_ms, keep_ms = arguments(4)
-fence, lease_ms, keep_ms = tonumber(fence), tonumber(lease_ms), tonumber(keep_ms)
+local token, fence, lease_ms, keep_text = arguments(4)
+fence, lease_ms = tonumber(fence), tonumber(lease_ms)
 local now = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= fence then
@@ -27,5 +27,5 @@ if remaining <= 0 then
 end
 local ttl = math.min(lease_ms, remaining)
 redis.call('PEXPIRE', K_LEASE, int(ttl))
-touch(keep_ms)
+touch(keep_text)
 return reply(1, ttl, now)

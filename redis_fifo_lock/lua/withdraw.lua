@@ -24,9 +24,10 @@
 --   1  withdrawn from the queue (cancelled before the grant)
 --   2  the grant had landed and was given back (cancelled after the grant)
 --   0  nothing to withdraw (never queued, or already ended)
-local token, ticket, session, keep_ms, call, floor = arguments(6)
+local token, ticket, session, keep_text, call, floor = arguments(6)
 local doorbell = DOORBELL
-ticket, keep_ms = tonumber(ticket), tonumber(keep_ms)
+ticket = tonumber(ticket)
+local keep_ms = tonumber(keep_text)
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 local result = 0
@@ -60,5 +61,5 @@ elseif ticket == 0 and not ended(call) then
     finish(call, ENDED_WITHDRAWN, now)
 end
 grant_next(now, now_us, doorbell, false, false)
-touch(keep_ms)
+touch(keep_text)
 return result
