@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
+
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
@@ -11,6 +16,26 @@ from redis_fifo_lock.protocol import LockKeys
 
 def test_without_a_namespace_the_keys_are_as_before() -> None:
     assert LockKeys("jobs").key("queue") == "fifolock:{jobs}:queue"
+
+
+def test_keys_unpickled_in_another_process_are_the_same_dict_key() -> None:
+    # The hash is cached on the object; a str's hash differs between processes
+    # (PYTHONHASHSEED), so the pickled form must not carry it.
+    keys = LockKeys("jobs", "tenantA")
+    hash(keys)
+    script = (
+        "import pickle, sys; from redis_fifo_lock.protocol import LockKeys; "
+        "keys = pickle.loads(sys.stdin.buffer.read()); "
+        "print({LockKeys('jobs', 'tenantA'): 'found'}.get(keys, 'missing'))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", script],
+        input=pickle.dumps(keys),
+        capture_output=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "random"},
+    )
+    assert found.stdout.strip() == b"found"
 
 
 async def test_every_key_and_the_doorbell_start_with_the_namespace(aredis: AsyncRedis) -> None:
