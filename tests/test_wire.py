@@ -293,3 +293,40 @@ async def test_a_client_that_carries_utf8_serves_a_waiter_behind_a_foreign_token
         await waiter.release(granted)
     finally:
         await client.aclose()
+
+
+def _lib_function(name: str) -> str:
+    source = Script("acquire.lua").source
+    start = source.index(f"local function {name}(")
+    return source[start : source.index("\nend\n", start) + 5]
+
+
+async def test_the_scripts_write_every_number_as_glibc_s_exact_printer_would(
+    aredis: Redis,
+) -> None:
+    # int() in lib.lua takes a fast path through '%d' (a C long, which may have
+    # 32 bits) in two parts below 10^9; it must write what '%.0f' writes: every
+    # ticket, fence and deadline goes through it.
+    values = [0, 1, 999_999_999, 10**9, 10**9 + 1, 2**31 - 1, 2**31, 2**32 + 5]
+    values += [k * 10**9 - 1 for k in range(1, 300)] + [2**53 - k for k in range(1, 300)]
+    values += [1_733_370_000_000_000 + k * 7_919_113 for k in range(300)]
+    values += [2**53, 2**53 + 2, 2**63, 2**64, -1, -(2**40), 2.5, 0.5, -0.3, 1e300]
+    each = "local out = {} for i, v in ipairs(ARGV) do out[i] = int(tonumber(v)) end return out"
+    printed = "local function exact(n) return string.format('%.0f', n) end\n"
+    texts = [repr(value) for value in values]
+    ours = await aredis.eval(_lib_function("int") + each, 0, *texts)
+    exact = await aredis.eval(printed + each.replace("int(", "exact("), 0, *texts)
+    assert [text.decode() for text in ours] == [text.decode() for text in exact]
+
+
+async def test_a_fence_past_what_a_c_long_holds_never_turns_negative(aredis: Redis) -> None:
+    # Only a hand-edited key can get there (fences follow the server clock in
+    # microseconds); '%d' of such a number is undefined in C, and gave the
+    # lowest long: the next grant's fence went negative, below every fence
+    # before it.
+    lock = FifoLock(aredis, "edge")
+    await lock.release(await lock.acquire(timeout=10))
+    await aredis.hset(lock.keys.key("counters"), "fence", str(2**63 - 1))
+    lease = await lock.acquire(timeout=10)
+    await lock.release(lease)
+    assert lease.fence >= 2**63 - 1

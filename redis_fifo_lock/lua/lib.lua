@@ -67,14 +67,25 @@ end
 -- the grant no script ended: that one ran out, ENDED_LOST; see ended).
 local ENDED_RELEASED, ENDED_WITHDRAWN, ENDED_LOST, ENDED_DROPPED, ENDED_SETTLED = 0, 1, 2, 3, 4
 
--- An integer as Redis stores it: tostring() would write 1.7e+15. '%d' formats
--- it as a C long, which holds every integer a double holds exactly; '%.0f'
--- (and Redis's own '%.17g' for a number passed to redis.call, and Lua's
--- '%.14g' for one in a concatenation) goes through glibc's arbitrary-precision
--- float printer, which cost a sixth of Redis's work on a grant. So numbers
--- reach redis.call, and text, only through int().
+-- An integer as Redis stores it: tostring() would write 1.7e+15. '%.0f' (and
+-- Redis's own '%.17g' for a number passed to redis.call, and Lua's '%.14g' for
+-- one in a concatenation) goes through glibc's arbitrary-precision float
+-- printer, which cost a sixth of Redis's work on a grant; so numbers reach
+-- redis.call, and text, only through here. '%d' prints a C long, which may
+-- have 32 bits (LLP64): a whole number in [0, 2^53) goes as two parts below
+-- 10^9. The floor is exact: the quotient is below 2^24, so it is rounded by at
+-- most 2^-30, less than its 10^-9 distance from the next whole number. Anything
+-- else (a negative, a fraction, a huge or not-a-number value that only a
+-- hand-made key or call can bring) takes the slow, exact path.
 local function int(n)
-    return string.format('%d', n)
+    if n >= 0 and n < 9007199254740992 and n % 1 == 0 then
+        if n < 1000000000 then
+            return string.format('%d', n)
+        end
+        local high = math.floor(n / 1000000000)
+        return string.format('%d%09d', high, n - high * 1000000000)
+    end
+    return string.format('%.0f', n)
 end
 
 -- The scripts on a grant's path (acquire, claim, release, renew) answer in one

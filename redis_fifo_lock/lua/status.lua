@@ -18,7 +18,7 @@ held[6] = redis.call('ZCARD', K_QUEUE)
 held[7] = redis.call('HGET', K_LEASE, 'holder') or ''
 -- Only commands every script already needs (see acl.py): no HVALS, no ZRANGEBYSCORE.
 local live_sessions = {}
-for _, session in ipairs(redis.call('ZRANGE', K_ALIVE, '(' .. clock(), '+inf', 'BYSCORE')) do
+for _, session in ipairs(redis.call('ZRANGE', K_ALIVE, '(' .. int((clock())), '+inf', 'BYSCORE')) do
     live_sessions[session] = true
 end
 local live = 0
