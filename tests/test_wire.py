@@ -301,12 +301,18 @@ def _lib_function(name: str) -> str:
     return source[start : source.index("\nend\n", start) + 5]
 
 
-async def test_the_scripts_write_every_number_as_glibc_s_exact_printer_would(
-    aredis: Redis,
-) -> None:
-    # int() in lib.lua takes a fast path through '%d' (a C long, which may have
-    # 32 bits) in two parts below 10^9; it must write what '%.0f' writes: every
-    # ticket, fence and deadline goes through it.
+INT_MUTANTS = {
+    "one %d": "local function int(n) return string.format('%d', n) end\n",
+    "two parts, no range check": (
+        "local function int(n) local high = math.floor(n / 1000000000) "
+        "return string.format('%d%09d', high, n - high * 1000000000) end\n"
+    ),
+}
+"""Ways int() in lib.lua could go wrong (the first is how it once was): each
+must write some number differently from glibc's exact printer."""
+
+
+async def _int_writes_like_glibc(aredis: Redis, int_source: str) -> bool:
     values = [0, 1, 999_999_999, 10**9, 10**9 + 1, 2**31 - 1, 2**31, 2**32 + 5]
     values += [k * 10**9 - 1 for k in range(1, 300)] + [2**53 - k for k in range(1, 300)]
     values += [1_733_370_000_000_000 + k * 7_919_113 for k in range(300)]
@@ -314,9 +320,20 @@ async def test_the_scripts_write_every_number_as_glibc_s_exact_printer_would(
     each = "local out = {} for i, v in ipairs(ARGV) do out[i] = int(tonumber(v)) end return out"
     printed = "local function exact(n) return string.format('%.0f', n) end\n"
     texts = [repr(value) for value in values]
-    ours = await aredis.eval(_lib_function("int") + each, 0, *texts)
+    ours = await aredis.eval(int_source + each, 0, *texts)
     exact = await aredis.eval(printed + each.replace("int(", "exact("), 0, *texts)
-    assert [text.decode() for text in ours] == [text.decode() for text in exact]
+    return bool(ours == exact)
+
+
+async def test_the_scripts_write_every_number_as_glibc_s_exact_printer_would(
+    aredis: Redis,
+) -> None:
+    # int() in lib.lua takes a fast path through '%d' (a C long, which may have
+    # 32 bits) in two parts below 10^9; it must write what '%.0f' writes: every
+    # ticket, fence and deadline goes through it.
+    assert await _int_writes_like_glibc(aredis, _lib_function("int"))
+    for name, mutant in INT_MUTANTS.items():
+        assert not await _int_writes_like_glibc(aredis, mutant), name
 
 
 async def test_a_fence_past_what_a_c_long_holds_never_turns_negative(aredis: Redis) -> None:
