@@ -324,7 +324,7 @@ def test_the_timeline_stamps_every_hop_of_a_rung_hand_off(
     # It runs the lock with its doorbell patched: a patch that no longer fitted
     # the doorbell's signature broke every subscription, and the tool printed
     # 30 s poll waits as the hops of a hand-off.
-    timeline.main(["--processes", "2", "--tasks", "2", "--seconds", "1"])
+    timeline.main(["--processes", "2", "--tasks", "2", "--seconds", "2"])
     out = capsys.readouterr().out
     medians_us = {kind: int(us) for kind, us in re.findall(r"^  (\S.*?)\s+(\d+) us", out, re.M)}
     assert set(medians_us) == {*timeline.HOLDER_SIDE, *timeline.WAITER_SIDE, "returned"}, out
