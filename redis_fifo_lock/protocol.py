@@ -22,7 +22,7 @@ import re
 import secrets
 import sys
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from importlib.resources import files
 from typing import Any, NamedTuple, TypeAlias, TypeVar
@@ -91,10 +91,10 @@ class LockKeys:
         # Worked out once: the keys are looked up in a few dicts on every call.
         return self._hash
 
-    def __reduce__(self) -> tuple[type[LockKeys], tuple[str, str]]:
-        # Not the cached hash (nor the other cached values): a str's hash
-        # differs from one process to the next.
-        return (LockKeys, (self.name, self.namespace))
+    def __getstate__(self) -> dict[str, object]:
+        # The fields, not the cached values: a str's hash differs from one
+        # process to the next.
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def key(self, part: str) -> str:
         """The full Redis key for ``part`` (e.g. ``"queue"``) of this lock."""

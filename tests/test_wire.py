@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 from redis._parsers.encoders import Encoder
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
 from redis_fifo_lock.inventory import lock_names
-from redis_fifo_lock.protocol import PROTOCOL, Script
+from redis_fifo_lock.protocol import PROTOCOL, LockKeys, Script
 from tests.support.polling import until
 
 SERVED_WITHIN_S = 10.0
@@ -347,3 +348,23 @@ async def test_a_fence_past_what_a_c_long_holds_never_turns_negative(aredis: Red
     lease = await lock.acquire(timeout=10)
     await lock.release(lease)
     assert lease.fence >= 2**63 - 1
+
+
+@pytest.mark.parametrize("text", ["+300", "300.0", "0x12c", "3e2", "", "9" * 40])
+@pytest.mark.parametrize("argument", ["lease_ms", "max_hold_ms", "keep_ms"])
+async def test_a_script_called_with_a_malformed_number_changes_nothing(
+    aredis: Redis, argument: str, text: str
+) -> None:
+    # The scripts pass a number's text on to Redis as it came (PEXPIRE, the
+    # waiter's record); a form Redis would refuse, or the record would not
+    # parse, must fail the script before its first write, not leave a grant
+    # behind an error reply, or a request that is dropped while the reply
+    # says queued. Only a caller of the scripts themselves can send one: the
+    # lock writes digits.
+    keys = LockKeys("raw")
+    numbers = {"lease_ms": "5000", "max_hold_ms": "60000", "keep_ms": "5000", argument: text}
+    lease_ms, max_hold_ms, keep_ms = numbers["lease_ms"], numbers["max_hold_ms"], numbers["keep_ms"]
+    arguments = f"token1 proc1 {lease_ms} {max_hold_ms} 5000 {keep_ms} proc1/0 proc1/1 key1 me"
+    with pytest.raises(ResponseError, match="not a whole number"):
+        await aredis.eval(Script("acquire.lua").source, len(keys.all), *keys.all, arguments)
+    assert await aredis.exists(*keys.all) == 0

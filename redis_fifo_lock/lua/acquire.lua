@@ -37,7 +37,9 @@
 local token, session, lease_text, max_hold_text, alive_text, keep_text, floor, call, ring_key,
     holder = arguments(10)
 local doorbell = DOORBELL
-local alive_ms, keep_ms = tonumber(alive_text), tonumber(keep_text)
+whole(lease_text)
+whole(max_hold_text)
+local alive_ms, keep_ms = tonumber(alive_text), tonumber(whole(keep_text))
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 

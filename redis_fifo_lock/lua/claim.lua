@@ -20,6 +20,7 @@
 --   -2                           held by it, but the max-hold deadline has passed
 local token, ticket, lease_ms, keep_text = arguments(4)
 ticket, lease_ms = tonumber(ticket), tonumber(lease_ms)
+whole(keep_text)
 local held = redis.call('HMGET', K_LEASE, 'token', 'ticket', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= ticket then
     return reply(0, tonumber(redis.call('ZSCORE', K_QUEUE, token)) or 0)

@@ -20,6 +20,7 @@
 local fence, keep_text = arguments(2)
 local doorbell = DOORBELL
 fence = tonumber(fence)
+whole(keep_text)
 local now, now_us = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'call', 'holder')
 if not held[1] or (fence ~= 0 and tonumber(held[2]) ~= fence) then

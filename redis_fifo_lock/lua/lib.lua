@@ -88,6 +88,17 @@ local function int(n)
     return string.format('%.0f', n)
 end
 
+-- `text`, a whole number as the client writes it (at most 15 digits, nothing
+-- else), which then goes on to Redis as it came (see int); anything else fails
+-- the script before it writes (PEXPIRE would refuse it after the script's
+-- writes, and the waiter's record would not parse).
+local function whole(text)
+    if #text > 15 or not string.find(text, '^%d+$') then
+        error('not a whole number: ' .. string.sub(text, 1, 24))
+    end
+    return text
+end
+
 -- The scripts on a grant's path (acquire, claim, release, renew) answer in one
 -- RESP value: a number, or their fields (numbers, and text without spaces) in
 -- one string, separated by single spaces. A client then reads one value, not

@@ -16,6 +16,7 @@
 local session, alive_ms, keep_text = arguments(3)
 local doorbell = DOORBELL
 alive_ms = tonumber(alive_ms)
+whole(keep_text)
 local now, now_us = clock()
 redis.call('ZADD', K_ALIVE, int(now + alive_ms), session)
 grant_next(now, now_us, doorbell, false, false)

@@ -24,7 +24,7 @@
 local token, fence, keep_text, call, session, floor = arguments(6)
 local doorbell = DOORBELL
 fence = tonumber(fence)
-local keep_ms = tonumber(keep_text)
+local keep_ms = tonumber(whole(keep_text))
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence')

@@ -16,6 +16,7 @@
 --   "-2 0 <now_ms>"         refused: the max-hold deadline has passed
 local token, fence, lease_ms, keep_text = arguments(4)
 fence, lease_ms = tonumber(fence), tonumber(lease_ms)
+whole(keep_text)
 local now = clock()
 local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'deadline')
 if held[1] ~= token or tonumber(held[2]) ~= fence then

@@ -27,7 +27,7 @@
 local token, ticket, session, keep_text, call, floor = arguments(6)
 local doorbell = DOORBELL
 ticket = tonumber(ticket)
-local keep_ms = tonumber(keep_text)
+local keep_ms = tonumber(whole(keep_text))
 local now, now_us = clock()
 advance(floor, now, keep_ms)
 local result = 0
