@@ -737,8 +737,8 @@ MUTANTS: dict[str, Mutant] = {
             "their processes still speak of",
             lua=(
                 _all(
-                    "    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)\n",
-                    "    redis.call('ZADD', K_FINISHED, 0, call .. ' ' .. how)\n"
+                    "    redis.call('ZADD', K_FINISHED, '0', record)\n",
+                    "    redis.call('ZADD', K_FINISHED, '0', record)\n"
                     "    redis.call('ZREMRANGEBYRANK', K_FINISHED, 0, -65) -- MUTANT\n",
                 ),
             ),
