@@ -34,7 +34,7 @@ from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, hub_for
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 from tests.support.processes import contender, first_line
-from tests.support.proxy import FaultProxy
+from tests.support.proxy import FaultProxy, hold_the_subscription_only
 
 SETTINGS = {"lease_ms": 4000, "poll_ms": 1000}
 
@@ -316,8 +316,7 @@ async def test_a_kept_connection_that_died_silently_delays_a_wait_by_the_probe_a
     proxy, client, holder, waiter = await _lingering_through_a_proxy(
         aredis, fault_proxy(redis_url), "half-open"
     )
-    await client.connection_pool.disconnect(inuse_connections=False)
-    proxy.hold("down", current_only=True)  # only the subscription's connection is open
+    await hold_the_subscription_only(client, proxy)
     for attempt in range(4):
         took = await _wait_once(holder, waiter)
         bound = PROBE_TIMEOUT_S + 0.5 if attempt == 0 else 0.5
@@ -340,8 +339,7 @@ async def test_a_reconnection_while_a_probe_is_on_its_way_still_catches_up(
     holder = FifoLock(aredis, "reconnected", **PROXIED)
     waiter = FifoLock(client, "reconnected", **PROXIED)
     await _wait_once(holder, waiter)  # the channel lingers
-    await client.connection_pool.disconnect(inuse_connections=False)
-    proxy.hold("down", current_only=True)  # the probe's answer and the ring wait
+    await hold_the_subscription_only(client, proxy)  # the probe's answer and the ring wait
     held: list[int] = []
 
     async def probe_answered() -> None:
@@ -435,8 +433,9 @@ async def test_a_probe_that_meets_a_reconnection_leaves_its_group_polling(
     proxy, client, holder, waiter = await _lingering_through_a_proxy(
         aredis, fault_proxy(redis_url), "probe-race"
     )
-    await client.connection_pool.disconnect(inuse_connections=False)
-    proxy.hold("down", current_only=True)  # the ring is lost on the subscription's connection
+    await hold_the_subscription_only(
+        client, proxy
+    )  # the ring is lost on the subscription's connection
     doorbell = hub_for(client).doorbell
     assert doorbell._pubsub is not None
     _failing_once(doorbell._pubsub, "subscribe", RACE)

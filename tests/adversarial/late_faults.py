@@ -54,7 +54,7 @@ from tests.adversarial.clients import StagedRedis
 from tests.adversarial.driver import ROOT
 from tests.adversarial.registry import LEASE_MS, Context, Outcome, outcome, scenario
 from tests.support.polling import until
-from tests.support.proxy import FaultProxy
+from tests.support.proxy import FaultProxy, hold_the_subscription_only
 from tests.support.record import read_lines
 
 # --- proxy-late-copies --------------------------------------------------------------
@@ -557,8 +557,7 @@ async def half_open_doorbell(ctx: Context) -> Outcome:
             waiter = FifoLock(client, "half-open", **LINGERING_SETTINGS)
             for wait in range(HALF_OPEN_WAITS + 1):
                 if wait == 1:  # the channel lingers: its connection goes half-open
-                    await client.connection_pool.disconnect(inuse_connections=False)
-                    proxy.hold("down", current_only=True)
+                    await hold_the_subscription_only(client, proxy)
                 took = await _timed_hand_off(holder, waiter)
                 bound = PROBE_TIMEOUT_S + 0.5 if wait == 1 else 0.5
                 if took > bound:
@@ -595,8 +594,7 @@ async def reconnect_during_probe(ctx: Context) -> Outcome:
             waiter = FifoLock(client, "reconnected", **LINGERING_SETTINGS)
             await _timed_hand_off(holder, waiter)  # the channel lingers
             for round_ in range(3):
-                await client.connection_pool.disconnect(inuse_connections=False)
-                proxy.hold("down", current_only=True)
+                await hold_the_subscription_only(client, proxy)
                 held: list[int] = []
 
                 async def probe_answered(held: list[int] = held) -> None:

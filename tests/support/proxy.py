@@ -15,6 +15,9 @@ directions. A test steers each direction separately, at any moment:
 * ``reset()``: every open connection is closed with a TCP RST on both sides;
 * ``accepted`` and ``open`` count connections (ever accepted, open now).
 
+``hold_the_subscription_only`` makes a client's one pub/sub connection
+half-open, and no other.
+
 ``"up"`` is client to server, ``"down"`` server to client. With a hold on
 ``"up"`` a command never reaches Redis until released; with a hold on
 ``"down"`` Redis runs it and the reply is lost or late - which is what makes
@@ -43,7 +46,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from tests.support.polling import until
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 Direction = Literal["up", "down"]
 """``"up"``: client to server; ``"down"``: server to client."""
@@ -384,3 +392,31 @@ class FaultProxy:
             pipe.changed.set()
             pipe.sink.write(data)
             await pipe.sink.drain()
+
+
+async def hold_the_subscription_only(client: Redis, proxy: FaultProxy) -> None:
+    """Make ``client``'s lingering pub/sub connection (through ``proxy``)
+    half-open: what Redis sends on it is held, and on no other connection.
+
+    Every other connection of the client's pool is closed first, and again until
+    the subscription's is the only one open when the hold starts. A command
+    still on its way when the pool was first emptied (a wait group's one-off
+    ``PUBLISH`` check, on a slow machine) would otherwise go back to the pool
+    on a held connection, and the next command would hang on it.
+
+    Raises:
+        AssertionError: the proxy never had that one connection open alone
+            (within ``polling.DEADLINE_S``).
+    """
+
+    async def alone() -> bool:
+        await client.connection_pool.disconnect(inuse_connections=False)
+        if proxy.open != 1:
+            return False
+        proxy.hold("down", current_only=True)
+        if proxy.open == 1:
+            return True
+        proxy.release("down")  # one more opened meanwhile: held with it
+        return False
+
+    await until(alone, "the subscription's connection is the only one open")
