@@ -25,6 +25,9 @@ names (default: redis-py's pure-Python one, as in the headline rows):
   each grant is a hand-off to a waiter in the release's reply (the waiter's
   path: its wait, the hand-over, its lease); a cycle is one grant to each
   task, two grants.
+- ``fifolock-ring``: the same with each task on a client of its own, so each
+  grant goes to another wait group's session and reaches it by the doorbell
+  (as to another process: the ring read and dispatched, the waiter woken).
 
 Instructions are not seconds: a system call or a cache miss counts as a few
 instructions, so compare cases of the same kind, and a change's effect here
@@ -64,7 +67,7 @@ from benchmarks.libraries import BY_KEY, Connection, Parser, available_parsers
 WARMUP_CYCLES = 100
 """Cycles run before the count starts, in both runs of a case."""
 
-CASES = ("ping-async", "ping-sync", *BY_KEY, "fifolock-handoff")
+CASES = ("ping-async", "ping-sync", *BY_KEY, "fifolock-handoff", "fifolock-ring")
 
 
 async def _async_case(case: str, conn: Connection, cycles: int) -> None:
@@ -73,21 +76,27 @@ async def _async_case(case: str, conn: Connection, cycles: int) -> None:
         for _ in range(WARMUP_CYCLES + cycles):
             await client.ping()
             await client.ping()
-    elif case == "fifolock-handoff":
+    elif case in ("fifolock-handoff", "fifolock-ring"):
         from redis_fifo_lock import FifoLock
 
-        lock = FifoLock(conn.async_(), "instructions")
+        first = FifoLock(conn.async_(), "instructions")
+        # Another client is another hub, with a session of its own: a grant to
+        # it is rung, as to another process.
+        other = conn.async_() if case == "fifolock-handoff" else conn.async_fresh()
+        second = FifoLock(other, "instructions")
 
-        async def taker(grants: int) -> None:
+        async def taker(lock: FifoLock, grants: int) -> None:
             for _ in range(grants):
                 lease = await lock.acquire()
                 await asyncio.sleep(0)
                 await lock.release(lease)
 
         # Each task's next acquire queues behind the other's grant: every grant
-        # after the first is handed over in a release's reply.
+        # after the first is handed over, in a release's reply or by a ring.
         grants = WARMUP_CYCLES + cycles
-        await asyncio.gather(taker(grants), taker(grants))
+        await asyncio.gather(taker(first, grants), taker(second, grants))
+        if other is not conn.async_():
+            await other.aclose()
     else:
         make = BY_KEY[case].make_async
         assert make is not None

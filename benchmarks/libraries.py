@@ -171,6 +171,13 @@ class Connection:
             self._async[loop] = client
         return client
 
+    def async_fresh(self) -> redis.asyncio.Redis:
+        """A new asyncio client with this connection's settings, not shared:
+        the caller closes it."""
+        return redis.asyncio.Redis.from_url(
+            self.url, parser_class=self._async_parser, **self._options
+        )
+
     def loop_clients(self) -> LoopClients:
         """A ``LoopClients`` for ``SyncFifoLock`` (its portal builds its own client)."""
         if self._loop_clients is None:

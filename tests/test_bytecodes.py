@@ -63,3 +63,12 @@ def test_a_cycle_costs_the_same_however_many_cycles_ran() -> None:
     assert modules["redis.asyncio.connection"] > 0
     assert modules["asyncio.base_events"] > 0
     assert not any(module.startswith("redis_fifo_lock") for module in modules)
+
+
+
+def test_a_grant_to_another_client_is_rung() -> None:
+    # fifolock-ring's grants reach the waiter through the doorbell, as in
+    # another process (fifolock-handoff's come in the release's reply).
+    with redis_server(max_waiters=0) as url:
+        ring = bytecodes_per_cycle("fifolock-ring", "python", url, 10)
+    assert ring["redis_fifo_lock.waiting:ring"] > 0
