@@ -5,7 +5,8 @@ from __future__ import annotations
 import reprlib
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, TypedDict
 
 MAX_NAME_BYTES = 1024
@@ -278,7 +279,23 @@ class LockSettings:
     replica_wait_ms: int | None = None
 
     def __post_init__(self) -> None:
-        _check_settings(self.__dict__, str, None)
+        _check_settings(self._values(), str, None)
+
+    def _values(self) -> dict[str, Any]:
+        """The options, by name (not the cached hash)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(tuple(self._values().values()))
+
+    def __hash__(self) -> int:
+        # Worked out once: the settings key a hub's dicts, looked up on every call.
+        return self._hash
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The options, not the cached hash: a pickle may travel to another process.
+        return self._values()
 
     def merged(
         self,
@@ -312,7 +329,7 @@ class LockSettings:
                 inconsistent with each other (see the class), or ``replicas``
                 above 0 on a Redis Cluster.
         """
-        values = dict(self.__dict__)
+        values = self._values()
         names = {option: base_spell(option) for option in LOCK_OPTIONS}
         for overrides, spell in layers:
             for option, value in given_options(overrides, spell).items():

@@ -199,12 +199,13 @@ class WaitGroup:
     _poll_failed: bool = False
     """The latest poll failed to reach Redis."""
 
-    @property
+    @functools.cached_property
     def session(self) -> str:
-        """This group's liveness session (see ``Hub.session_for``)."""
+        """This group's liveness session (see ``Hub.session_for``); the group's
+        hub and settings never change, and neither does it."""
         return self.hub.session_for(self.settings)
 
-    @property
+    @functools.cached_property
     def channel(self) -> str:
         """The doorbell channel on which this group's grants are rung."""
         return self.keys.doorbell_of(self.session)

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from redis_fifo_lock import (
 )
 from redis_fifo_lock.calls import call_ids
 from redis_fifo_lock.holds import violations
+from redis_fifo_lock.settings import LockSettings
 from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.handover import cancel_when_handed_over
 from tests.support.polling import until, until_sync
@@ -434,6 +436,18 @@ def test_bad_names_and_settings_raise_at_construction(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         FifoLock(Redis(), name, **settings)  # type: ignore[arg-type]
+
+
+def test_settings_once_hashed_still_merge_pickle_and_compare_by_their_options() -> None:
+    # The hash is cached on the object (the settings key the hub's dicts): the
+    # cached value is no option, in a merge, a pickle or a comparison.
+    settings = LockSettings(lease_ms=9000, poll_ms=3000)
+    assert hash(settings) == hash(LockSettings(lease_ms=9000, poll_ms=3000))
+    merged = settings.merged(({"max_hold_ms": 60_000}, str))
+    assert merged == LockSettings(lease_ms=9000, poll_ms=3000, max_hold_ms=60_000)
+    copy = pickle.loads(pickle.dumps(settings))
+    assert copy == settings and hash(copy) == hash(settings)
+    assert {settings: "found"}.get(copy) == "found"
 
 
 async def test_bad_timeouts_and_tokens_raise_before_any_io(aredis: Redis) -> None:
