@@ -23,7 +23,6 @@ import secrets
 import sys
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, fields
-from functools import cached_property
 from importlib.resources import files
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
@@ -40,6 +39,7 @@ from redis.exceptions import (
 )
 
 from .errors import LockUsageError, NotReplicated, RedisUnavailable
+from .memo import cached_attribute
 from .settings import LockSettings
 from .timeouts import within
 
@@ -83,7 +83,7 @@ class LockKeys:
     name: str
     namespace: str = ""
 
-    @cached_property
+    @cached_attribute
     def _hash(self) -> int:
         return hash((self.name, self.namespace))
 
@@ -101,7 +101,7 @@ class LockKeys:
         prefix = f"{self.namespace}:{KEY_PREFIX}" if self.namespace else KEY_PREFIX
         return f"{prefix}:{{{self.name}}}:{part}"
 
-    @cached_property
+    @cached_attribute
     def all(self) -> list[str]:
         """The six keys in the order every script expects them (see lib.lua).
 
@@ -111,12 +111,12 @@ class LockKeys:
         parts = ("queue", "waiters", "alive", "lease", "counters", "finished")
         return [self.key(part) for part in parts]
 
-    @cached_property
+    @cached_attribute
     def wire(self) -> list[bytes]:
         """``all`` in UTF-8, encoded once per ``LockKeys`` (see ``wired``)."""
         return [key.encode() for key in self.all]
 
-    @cached_property
+    @cached_attribute
     def doorbell(self) -> str:
         """Prefix of the pub/sub channels rung on grants (the scripts derive the
         same from the keys: ``DOORBELL`` in lib.lua)."""

@@ -6,8 +6,9 @@ import reprlib
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from functools import cached_property
 from typing import Any, TypedDict
+
+from .memo import cached_attribute
 
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in bytes of UTF-8."""
@@ -285,7 +286,7 @@ class LockSettings:
         """The options, by name (not the cached hash)."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
-    @cached_property
+    @cached_attribute
     def _hash(self) -> int:
         return hash(tuple(self._values().values()))
 

@@ -50,6 +50,7 @@ from .doorbell import (
 from .errors import ClientDropped, LockUsageError, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
 from .loops import loop_context
+from .memo import cached_attribute
 from .protocol import (
     GAVE_BACK,
     AsyncClient,
@@ -199,13 +200,13 @@ class WaitGroup:
     _poll_failed: bool = False
     """The latest poll failed to reach Redis."""
 
-    @functools.cached_property
+    @cached_attribute
     def session(self) -> str:
         """This group's liveness session (see ``Hub.session_for``); the group's
         hub and settings never change, and neither does it."""
         return self.hub.session_for(self.settings)
 
-    @functools.cached_property
+    @cached_attribute
     def channel(self) -> str:
         """The doorbell channel on which this group's grants are rung."""
         return self.keys.doorbell_of(self.session)
