@@ -94,9 +94,11 @@ async def _async_case(case: str, conn: Connection, cycles: int) -> None:
         # Each task's next acquire queues behind the other's grant: every grant
         # after the first is handed over, in a release's reply or by a ring.
         grants = WARMUP_CYCLES + cycles
-        await asyncio.gather(taker(first, grants), taker(second, grants))
-        if other is not conn.async_():
-            await other.aclose()
+        try:
+            await asyncio.gather(taker(first, grants), taker(second, grants))
+        finally:
+            if other is not conn.async_():
+                await other.aclose()
     else:
         make = BY_KEY[case].make_async
         assert make is not None

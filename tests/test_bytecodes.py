@@ -65,7 +65,6 @@ def test_a_cycle_costs_the_same_however_many_cycles_ran() -> None:
     assert not any(module.startswith("redis_fifo_lock") for module in modules)
 
 
-
 def test_a_grant_to_another_client_is_rung() -> None:
     # fifolock-ring's grants reach the waiter through the doorbell, as in
     # another process (fifolock-handoff's come in the release's reply).

@@ -48,6 +48,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from redis_fifo_lock.waiting import hub_for
 from tests.support.polling import until
 
 if TYPE_CHECKING:
@@ -180,6 +181,10 @@ class FaultProxy:
         """Connections open now (int)."""
         return len(self._links)
 
+    def client_ports(self) -> set[int]:
+        """The client-side ports of the connections open now."""
+        return self._call(self._client_ports)
+
     # --- faults ----------------------------------------------------------------------
 
     def delay(self, direction: Direction, ms: float) -> None:
@@ -287,6 +292,9 @@ class FaultProxy:
                 pipe.buffered = 0
             pipe.held = False
             pipe.changed.set()
+
+    def _client_ports(self) -> set[int]:
+        return {link.client.get_extra_info("peername")[1] for link in self._links}
 
     def _count_held(self, direction: Direction) -> int:
         return sum(pipe.buffered for pipe in self._pipes(direction))
@@ -405,18 +413,27 @@ async def hold_the_subscription_only(client: Redis, proxy: FaultProxy) -> None:
     on a held connection, and the next command would hang on it.
 
     Raises:
-        AssertionError: the proxy never had that one connection open alone
+        AssertionError: the client has no subscription open (its channel no
+            longer lingers), or the proxy never had its connection open alone
             (within ``polling.DEADLINE_S``).
     """
 
+    def subscription_port() -> int:
+        pubsub = hub_for(client).doorbell._pubsub
+        writer = getattr(getattr(pubsub, "connection", None), "_writer", None)
+        if writer is None:
+            raise AssertionError("the client has no subscription open to hold")
+        return int(writer.get_extra_info("sockname")[1])
+
     async def alone() -> bool:
         await client.connection_pool.disconnect(inuse_connections=False)
-        if proxy.open != 1:
+        only = {subscription_port()}
+        if proxy.client_ports() != only:
             return False
         proxy.hold("down", current_only=True)
-        if proxy.open == 1:
+        if proxy.client_ports() == only:
             return True
-        proxy.release("down")  # one more opened meanwhile: held with it
+        proxy.release("down")  # another opened meanwhile: held with it
         return False
 
     await until(alone, "the subscription's connection is the only one open")
