@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,7 +35,7 @@ import redis
 
 from benchmarks.instructions import total_of
 from benchmarks.libraries import BY_KEY, Connection
-from redis_fifo_lock.testing import find_redis_server
+from redis_fifo_lock.testing import find_redis_server, free_port
 
 NOT_COUNTED = {"cmdstat_evalsha", "cmdstat_eval", "cmdstat_ping", "cmdstat_info"}
 """Commands left out of the commands per grant: the scripts themselves, and the tool's."""
@@ -70,17 +69,10 @@ def _contend(key: str, url: str, grants: int, start: EventType) -> None:
     asyncio.run(run())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def count(key: str, grants: int, processes: int, folder: Path) -> tuple[int, int]:
     """Redis's instructions and the commands its scripts ran while
     ``processes`` contenders of ``key`` took ``grants`` grants in all."""
-    port = _free_port()
+    port = free_port()
     out = folder / f"{key}-{grants}.callgrind"
     server = subprocess.Popen(
         [

@@ -22,7 +22,7 @@ import re
 import secrets
 import sys
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from importlib.resources import files
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
@@ -94,7 +94,7 @@ class LockKeys:
     def __getstate__(self) -> dict[str, object]:
         # The fields, not the cached values: a str's hash differs from one
         # process to the next.
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return asdict(self)
 
     def key(self, part: str) -> str:
         """The full Redis key for ``part`` (e.g. ``"queue"``) of this lock."""

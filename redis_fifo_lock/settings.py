@@ -5,7 +5,7 @@ from __future__ import annotations
 import reprlib
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
 from .memo import cached_attribute
@@ -284,7 +284,7 @@ class LockSettings:
 
     def _values(self) -> dict[str, Any]:
         """The options, by name (not the cached hash)."""
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return asdict(self)
 
     @cached_attribute
     def _hash(self) -> int:
