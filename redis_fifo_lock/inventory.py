@@ -9,10 +9,14 @@ used. On Redis Cluster, redis-py's ``scan_iter`` walks every master.
 
 from __future__ import annotations
 
+import asyncio
+
+import redis
+
 from .acl import key_pattern
 from .clients import LoopClients
 from .portal import portal
-from .protocol import KEY_PREFIX, AsyncClient, as_text, client_encoding
+from .protocol import CALL_TIMEOUT_S, KEY_PREFIX, AsyncClient, as_text, bounded, client_encoding
 
 SCAN_COUNT = 1000
 """How many keys each ``SCAN`` call asks the server to look at (its ``COUNT``)."""
@@ -32,14 +36,27 @@ async def lock_names(client: AsyncClient, namespace: str = "") -> list[str]:
 
     Raises:
         redis.exceptions.RedisError: Redis could not be reached or refused SCAN
-            (the lock user's ACL needs ``+scan`` for this).
+            (the lock user's ACL needs ``+scan`` for this);
+            ``redis.exceptions.TimeoutError`` when a ``SCAN`` went unanswered
+            for ``protocol.CALL_TIMEOUT_S`` seconds on a client with no
+            ``socket_timeout`` (see ``protocol.bounded``).
     """
     prefix = f"{namespace}:{KEY_PREFIX}:{{" if namespace else f"{KEY_PREFIX}:{{"
     names: set[str] = set()
     encoding = client_encoding(client)
     # The keys are UTF-8 whatever the client's encoding (see protocol.wired).
     pattern = key_pattern(namespace).encode()
-    async for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+    keys = client.scan_iter(match=pattern, count=SCAN_COUNT)
+    while True:
+        try:
+            key = await bounded(client, anext(keys))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise redis.exceptions.TimeoutError(
+                f"Redis did not answer a SCAN for lock names within {CALL_TIMEOUT_S:g} s; "
+                "check that the server is reachable, and retry"
+            ) from None
         # A foreign key that matches the pattern may not be UTF-8.
         text = key.decode("utf-8", "replace") if isinstance(key, bytes) else as_text(key, *encoding)
         name = _name_of(text, prefix)

@@ -27,16 +27,27 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from redis_fifo_lock import FifoLock, LockError, LockTimeout, RedisUnavailable, protocol
+from redis_fifo_lock import (
+    FifoLock,
+    LockError,
+    LockTimeout,
+    LoopClients,
+    RedisUnavailable,
+    SyncFifoLock,
+    protocol,
+)
 from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock.doorbell import LINGER_S
+from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from redis_fifo_lock.waiting import CLOSING_S, MAX_CONCURRENT_CALLS, hub_for
@@ -305,6 +316,39 @@ async def test_every_call_is_bounded_by_the_lock_when_the_client_has_no_socket_t
             f"{name}() ended with {task.exception()!r} while the server was silent"
         )
     assert took < CALL_TIMEOUT_S + 2.0
+
+
+@ON_3_11
+def test_the_clients_the_lock_builds_are_bounded_by_the_lock_while_redis_is_silent(
+    silence: Silence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LoopClients`` builds plain clients with no ``socket_timeout`` on
+    Python 3.11+ (the lock bounds its calls itself): a silent server still ends
+    a ``SyncFifoLock`` release and the SCAN for lock names (``manage.py fifolock
+    list``) with an error within the lock's bound, never a hang."""
+    monkeypatch.setattr(protocol, "CALL_TIMEOUT_S", 0.5)  # the bound's length only
+    clients = LoopClients(silence.url)
+    lock = SyncFifoLock(clients, "own-client", lease_ms=60_000, poll_ms=30_000)
+    lease = lock.acquire(timeout=5)
+    assert lock_names_sync(clients) == ["own-client"]
+    silence.start()
+    calls: dict[str, Callable[[], object]] = {
+        "release": functools.partial(lock.release, lease),
+        "lock_names_sync": functools.partial(lock_names_sync, clients),
+    }
+    with ThreadPoolExecutor(len(calls)) as pool:
+        started = time.monotonic()
+        running = {name: pool.submit(call) for name, call in calls.items()}
+        for name, future in running.items():
+            left = started + 10 - time.monotonic()
+            try:
+                future.result(timeout=max(left, 0.1))
+            except TimeoutError:
+                silence.end()  # lets the hung call end, so the pool can shut down
+                pytest.fail(f"{name}() still hung 10 s into the silence ({silence.kind})")
+            except (RedisUnavailable, redis.exceptions.RedisError):
+                continue
+            pytest.fail(f"{name}() returned while the server was silent ({silence.kind})")
 
 
 @ON_3_11
