@@ -91,6 +91,15 @@ user may send (a ``PING`` would need ``+ping``): Redis confirms it in order
 after every ring it published before, so its confirmation proves those were
 delivered."""
 
+CONFIRM_TIMEOUT_S = 2.0
+"""How long, in seconds, a new channel's ``SUBSCRIBE`` on the subscription's
+connection may go unconfirmed while nothing at all is read from that
+connection; then the connection is taken for dead, as for an unanswered
+probe (``PROBE_TIMEOUT_S``). A reconnection that redis-py began inside the
+reader, on a client with no ``socket_timeout``, waits for ever for a
+handshake reply that was lost: rings would reach no waiter of this process
+until its polls."""
+
 FAILURES = (RedisError, RedisClusterException, OSError)
 """What a pub/sub call raises when Redis (or a cluster node) cannot be reached.
 ``RedisClusterException`` (e.g. ``SlotNotCoveredError``) is not a ``RedisError``."""
@@ -177,6 +186,8 @@ class Doorbell:
         # that takes the connection for dead), see PROBE_TIMEOUT_S.
         self._probe: tuple[str, asyncio.TimerHandle] | None = None
         self._replacer: asyncio.Task[None] | None = None
+        # When (loop time) the reader last read anything from the connection.
+        self._last_read = float("-inf")
 
     async def watch(self, channel: str, ring: Ring) -> bool:
         """Subscribe to ``channel`` and return True once Redis confirmed it, so that
@@ -223,9 +234,15 @@ class Doorbell:
             self._track(self._pubsub)
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read())
+            pubsub, sent_at = self._pubsub, asyncio.get_running_loop().time()
         # Shielded: the future is shared by every watch of the channel, and the
         # caller's timeout must not cancel it for the others.
-        refused = await asyncio.shield(confirmed)
+        try:
+            refused = await within(asyncio.shield(confirmed), CONFIRM_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            if self._last_read < sent_at:
+                self._rebuild(pubsub, "a SUBSCRIBE", CONFIRM_TIMEOUT_S)
+            refused = await asyncio.shield(confirmed)
         if refused is not None:
             raise refused
         return True
@@ -319,22 +336,27 @@ class Doorbell:
             self._probe = None
 
     def _probe_unanswered(self) -> None:
-        """No confirmation of the probe within ``PROBE_TIMEOUT_S``: rings may be
-        lost on the connection. Every watched channel's group polls now, and the
-        subscription is rebuilt."""
+        """No confirmation of the probe within ``PROBE_TIMEOUT_S``."""
         self._probe = None
-        pubsub = self._pubsub
-        if pubsub is None:
+        if self._pubsub is not None:
+            self._rebuild(self._pubsub, "the probe", PROBE_TIMEOUT_S)
+
+    def _rebuild(self, silent: PubSub, what: str, waited_s: float) -> None:
+        """``silent``, if still the subscription, left ``what`` unanswered for
+        ``waited_s`` seconds: rings may be lost on its connection. Every
+        watched channel's group polls now, and the subscription is rebuilt."""
+        if self._pubsub is not silent:
             return
         log.info(
-            "doorbell: the subscription's connection did not answer within %.1f s; "
+            "doorbell: the subscription's connection did not answer %s within %.1f s; "
             "polling, and rebuilding the subscription",
-            PROBE_TIMEOUT_S,
+            what,
+            waited_s,
         )
         self._steady.clear()
         self._catch_up()
         if self._replacer is None or self._replacer.done():
-            self._replacer = asyncio.get_running_loop().create_task(self._replace(pubsub))
+            self._replacer = asyncio.get_running_loop().create_task(self._replace(silent))
 
     def _catch_up(self) -> None:
         """Every watched channel's group polls now: rings may have been lost."""
@@ -343,7 +365,7 @@ class Doorbell:
                 self._resubscribed(channel)
 
     async def _replace(self, silent: PubSub) -> None:
-        """Stop reading ``silent`` (its probe went unanswered) and rebuild the
+        """Stop reading ``silent`` (it left a SUBSCRIBE unanswered) and rebuild the
         subscription on a new connection; with nothing watched, just drop it."""
         reader = self._reader
         if self._pubsub is not silent:
@@ -507,6 +529,7 @@ class Doorbell:
                 await self._resubscribe(pubsub)
                 continue
             failures = 0
+            self._last_read = asyncio.get_running_loop().time()
             if message is not None:
                 encoder = pubsub.encoder
                 self._dispatch(message, (encoder.encoding, encoder.encoding_errors))

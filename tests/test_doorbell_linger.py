@@ -28,7 +28,13 @@ from redis.exceptions import ResponseError
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock import doorbell as doorbell_module
-from redis_fifo_lock.doorbell import LINGER_S, MAX_LINGERING, PROBE_TIMEOUT_S, Doorbell
+from redis_fifo_lock.doorbell import (
+    CONFIRM_TIMEOUT_S,
+    LINGER_S,
+    MAX_LINGERING,
+    PROBE_TIMEOUT_S,
+    Doorbell,
+)
 from redis_fifo_lock.protocol import Grant, PollReply, Protocol
 from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, hub_for
 from tests.conftest import FaultProxyFactory
@@ -518,3 +524,40 @@ async def test_an_error_reply_of_a_reconnection_handshake_is_no_refusal(
     assert took < 1.0, f"served {took:.2f} s after the release"
     assert not [r for r in caplog.records if "refused" in r.getMessage()]
     await client.aclose()
+
+
+async def test_a_subscription_whose_reconnection_never_answers_is_rebuilt_for_a_new_wait(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """On a client with no ``socket_timeout`` (``LoopClients`` on Python 3.11+,
+    docs/performance.md's advice there, redis-py before 8) the subscription's
+    connection is cut, and the handshake reply of redis-py's reconnection,
+    inside the doorbell's reader, is lost: that reader waits for it for ever.
+    A wait on another lock then finds its SUBSCRIBE unconfirmed with nothing
+    read at all: the subscription is rebuilt within ``CONFIRM_TIMEOUT_S``, and
+    the wait is rung, not served at a poll 15 s later. Found by an outside
+    attack (every later hand-off of the process waited for a poll)."""
+    settings = {"lease_ms": 30_000, "poll_ms": 15_000}
+    proxy = fault_proxy(redis_url)
+    client = Redis.from_url(proxy.url, socket_timeout=None)
+    kept = await FifoLock(aredis, "watched", **settings).acquire(timeout=5)
+    watching = asyncio.create_task(FifoLock(client, "watched", **settings).acquire(timeout=60))
+    await until(lambda: _channel_count(aredis, "watched"), "the waiter subscribed", pause_s=0.01)
+    accepted = proxy.accepted
+    proxy.hold("down")
+    await aredis.client_kill_filter(_type="pubsub")
+    await until(lambda: proxy.accepted > accepted, "redis-py reconnected the subscription")
+    await until(lambda: proxy.held_bytes("down") > 0, "the reconnection's handshake was answered")
+    proxy.release("down", deliver=False)
+    took = await _wait_once(
+        FifoLock(aredis, "after-the-cut", **settings), FifoLock(client, "after-the-cut", **settings)
+    )
+    assert took < CONFIRM_TIMEOUT_S + 2.0, f"served {took:.2f} s after the release"
+    watching.cancel()
+    await asyncio.gather(watching, return_exceptions=True)
+    await FifoLock(aredis, "watched", **settings).release(kept)
+    await client.aclose()
+
+
+async def _channel_count(admin: Redis, name: str) -> int:
+    return len([c for c in await _doorbells(admin) if name.encode() in c])

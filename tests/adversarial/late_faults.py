@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 
 import redis_fifo_lock.protocol as protocol_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
-from redis_fifo_lock.doorbell import PROBE_TIMEOUT_S
+from redis_fifo_lock.doorbell import CONFIRM_TIMEOUT_S, PROBE_TIMEOUT_S
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S
 from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S
 from tests.adversarial.actors import Plan
@@ -569,6 +569,58 @@ async def half_open_doorbell(ctx: Context) -> Outcome:
             await client.aclose()
             await admin.aclose()
     return outcome(ctx, "half-open-doorbell", problems)
+
+
+@scenario(
+    "reconnect-handshake-lost",
+    kills=("unconfirmed-subscribe-trusted",),
+    faults="a client with no socket_timeout; the subscription's connection is cut and "
+    "the handshake reply of redis-py's reconnection, inside the reader, is lost",
+)
+async def reconnect_handshake_lost(ctx: Context) -> Outcome:
+    """The doorbell's reader is left waiting for ever in redis-py's
+    reconnection (no ``socket_timeout``, as ``LoopClients`` builds on Python
+    3.11+). Waits on other locks of the process must still be rung: each new
+    channel's SUBSCRIBE, unconfirmed with nothing read, rebuilds the
+    subscription; none is served at its first poll (15 s)."""
+    settings = {"lease_ms": 30_000, "poll_ms": 15_000}
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    admin = Redis.from_url(server.url)
+    with FaultProxy(host, server.port) as proxy:
+        client = Redis.from_url(proxy.url, socket_timeout=None)
+        kept = await FifoLock(admin, "watched", **settings).acquire(timeout=5)
+        watching = asyncio.create_task(FifoLock(client, "watched", **settings).acquire(timeout=60))
+        try:
+
+            async def subscribed() -> bool:
+                return bool(await admin.pubsub_channels("*watched*doorbell*"))
+
+            await until(subscribed, "the waiter subscribed", pause_s=0.01)
+            accepted = proxy.accepted
+            proxy.hold("down")
+            await admin.client_kill_filter(_type="pubsub")
+            await until(lambda: proxy.accepted > accepted, "redis-py reconnected")
+            await until(lambda: proxy.held_bytes("down") > 0, "the handshake was answered")
+            proxy.release("down", deliver=False)
+            for wait in range(2):
+                name = f"after-the-cut-{wait}"
+                took = await _timed_hand_off(
+                    FifoLock(admin, name, **settings), FifoLock(client, name, **settings)
+                )
+                if took > CONFIRM_TIMEOUT_S + 2.0:
+                    problems.append(
+                        f"a wait on {name!r} was served {took:.2f} s after the release: the "
+                        "subscription stuck in its reconnection was not rebuilt"
+                    )
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            await FifoLock(admin, "watched", **settings).release(kept)
+            await client.aclose()
+            await admin.aclose()
+    return outcome(ctx, "reconnect-handshake-lost", problems)
 
 
 @scenario(

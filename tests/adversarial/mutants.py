@@ -28,6 +28,7 @@ from importlib.resources import files
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 import redis_fifo_lock.calls as calls_module
@@ -292,6 +293,17 @@ class ProbelessDoorbell(Doorbell):
 
     async def _send_probe(self, channel: str) -> None:
         return  # the mutation: no probe
+
+
+class ConfirmBlindDoorbell(Doorbell):
+    """MUTANT unconfirmed-subscribe-trusted: a new channel's SUBSCRIBE that
+    goes unconfirmed, with nothing read from the connection, is waited for
+    without end, so a reader stuck in redis-py's reconnection leaves every
+    later wait of the process to its poll."""
+
+    def _rebuild(self, silent: PubSub, what: str, waited_s: float) -> None:
+        if what == "the probe":  # the mutation: only an unanswered probe rebuilds
+            super()._rebuild(silent, what, waited_s)
 
 
 class ReconnectBlindDoorbell(Doorbell):
@@ -927,6 +939,13 @@ MUTANTS: dict[str, Mutant] = {
             "a check: rings lost on a connection that died silently wait for a poll",
             doorbell_class=ProbelessDoorbell,
             requires=((Doorbell.watch, "await self._send_probe(channel)"),),
+        ),
+        Mutant(
+            "unconfirmed-subscribe-trusted",
+            "a new doorbell channel's SUBSCRIBE left unconfirmed by a connection that "
+            "reads nothing is waited for without end: rings wait for polls",
+            doorbell_class=ConfirmBlindDoorbell,
+            requires=((Doorbell.watch, 'self._rebuild(pubsub, "a SUBSCRIBE"'),),
         ),
         Mutant(
             "reconnect-taken-for-answer",
