@@ -40,7 +40,11 @@ from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, hub_for
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 from tests.support.processes import contender, first_line
-from tests.support.proxy import FaultProxy, hold_the_subscription_only
+from tests.support.proxy import (
+    FaultProxy,
+    hold_the_subscription_only,
+    lose_the_reconnection_handshake,
+)
 
 SETTINGS = {"lease_ms": 4000, "poll_ms": 1000}
 
@@ -543,12 +547,7 @@ async def test_a_subscription_whose_reconnection_never_answers_is_rebuilt_for_a_
     kept = await FifoLock(aredis, "watched", **settings).acquire(timeout=5)
     watching = asyncio.create_task(FifoLock(client, "watched", **settings).acquire(timeout=60))
     await until(lambda: _channel_count(aredis, "watched"), "the waiter subscribed", pause_s=0.01)
-    accepted = proxy.accepted
-    proxy.hold("down")
-    await aredis.client_kill_filter(_type="pubsub")
-    await until(lambda: proxy.accepted > accepted, "redis-py reconnected the subscription")
-    await until(lambda: proxy.held_bytes("down") > 0, "the reconnection's handshake was answered")
-    proxy.release("down", deliver=False)
+    await lose_the_reconnection_handshake(client, aredis, proxy)
     took = await _wait_once(
         FifoLock(aredis, "after-the-cut", **settings), FifoLock(client, "after-the-cut", **settings)
     )

@@ -54,7 +54,11 @@ from tests.adversarial.clients import StagedRedis
 from tests.adversarial.driver import ROOT
 from tests.adversarial.registry import LEASE_MS, Context, Outcome, outcome, scenario
 from tests.support.polling import until
-from tests.support.proxy import FaultProxy, hold_the_subscription_only
+from tests.support.proxy import (
+    FaultProxy,
+    hold_the_subscription_only,
+    lose_the_reconnection_handshake,
+)
 from tests.support.record import read_lines
 
 # --- proxy-late-copies --------------------------------------------------------------
@@ -598,12 +602,7 @@ async def reconnect_handshake_lost(ctx: Context) -> Outcome:
                 return bool(await admin.pubsub_channels("*watched*doorbell*"))
 
             await until(subscribed, "the waiter subscribed", pause_s=0.01)
-            accepted = proxy.accepted
-            proxy.hold("down")
-            await admin.client_kill_filter(_type="pubsub")
-            await until(lambda: proxy.accepted > accepted, "redis-py reconnected")
-            await until(lambda: proxy.held_bytes("down") > 0, "the handshake was answered")
-            proxy.release("down", deliver=False)
+            await lose_the_reconnection_handshake(client, admin, proxy)
             for wait in range(2):
                 name = f"after-the-cut-{wait}"
                 took = await _timed_hand_off(

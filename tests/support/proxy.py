@@ -46,6 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from redis_fifo_lock.waiting import hub_for
@@ -417,23 +418,50 @@ async def hold_the_subscription_only(client: Redis, proxy: FaultProxy) -> None:
             longer lingers), or the proxy never had its connection open alone
             (within ``polling.DEADLINE_S``).
     """
+    await until(
+        partial(_hold_alone, client, proxy, current_only=True),
+        "the subscription's connection is the only one open",
+    )
 
-    def subscription_port() -> int:
-        pubsub = hub_for(client).doorbell._pubsub
-        writer = getattr(getattr(pubsub, "connection", None), "_writer", None)
-        if writer is None:
-            raise AssertionError("the client has no subscription open to hold")
-        return int(writer.get_extra_info("sockname")[1])
 
-    async def alone() -> bool:
-        await client.connection_pool.disconnect(inuse_connections=False)
-        only = {subscription_port()}
-        if proxy.client_ports() != only:
-            return False
-        proxy.hold("down", current_only=True)
-        if proxy.client_ports() == only:
-            return True
-        proxy.release("down")  # another opened meanwhile: held with it
+async def lose_the_reconnection_handshake(client: Redis, admin: Redis, proxy: FaultProxy) -> None:
+    """Cut ``client``'s subscription (through ``proxy``; ``admin`` talks to the
+    server directly) and lose Redis's reply to the handshake of the
+    reconnection redis-py then makes inside the doorbell's reader, which, on a
+    client with no ``socket_timeout``, waits for it for ever. The connection
+    stays open. As in ``hold_the_subscription_only``, the subscription's is
+    the only connection open when the replies start being held, so no other
+    reply is lost.
+
+    Raises:
+        AssertionError: as ``hold_the_subscription_only``, or redis-py did not
+            reconnect (within ``polling.DEADLINE_S``).
+    """
+    await until(
+        partial(_hold_alone, client, proxy, current_only=False),
+        "the subscription's connection is the only one open",
+    )
+    accepted = proxy.accepted
+    await admin.client_kill_filter(_type="pubsub")
+    await until(lambda: proxy.accepted > accepted, "redis-py reconnected the subscription")
+    await until(lambda: proxy.held_bytes("down") > 0, "the reconnection's handshake was answered")
+    proxy.release("down", deliver=False)
+
+
+async def _hold_alone(client: Redis, proxy: FaultProxy, *, current_only: bool) -> bool:
+    """Close the idle connections of ``client``'s pool and, if its subscription's
+    is then the only one open through ``proxy``, hold what Redis sends (on that
+    connection, or also on later ones: ``current_only``). Whether it is held."""
+    pubsub = hub_for(client).doorbell._pubsub
+    writer = getattr(getattr(pubsub, "connection", None), "_writer", None)
+    if writer is None:
+        raise AssertionError("the client has no subscription open to hold")
+    await client.connection_pool.disconnect(inuse_connections=False)
+    only = {int(writer.get_extra_info("sockname")[1])}
+    if proxy.client_ports() != only:
         return False
-
-    await until(alone, "the subscription's connection is the only one open")
+    proxy.hold("down", current_only=current_only)
+    if proxy.client_ports() == only:
+        return True
+    proxy.release("down")  # another opened meanwhile: held with it
+    return False
