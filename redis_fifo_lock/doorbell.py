@@ -100,6 +100,16 @@ reader, on a client with no ``socket_timeout``, waits for ever for a
 handshake reply that was lost: rings would reach no waiter of this process
 until its polls."""
 
+IDLE_PROBE_S = 5.0
+"""How long, in seconds, the subscription's connection may go with nothing
+read from it while a channel is watched; then it is probed (``PROBE_TIMEOUT_S``).
+A wait on a channel the process already watches sends nothing that would
+find the connection dead: it may have died silently, or redis-py's
+reconnection inside the reader may wait for ever for a lost handshake reply
+(a client with no ``socket_timeout``), and rings would reach no waiter until
+its polls. At most one probe per ``IDLE_PROBE_S`` per doorbell, and none
+while rings or confirmations are read."""
+
 FAILURES = (RedisError, RedisClusterException, OSError)
 """What a pub/sub call raises when Redis (or a cluster node) cannot be reached.
 ``RedisClusterException`` (e.g. ``SlotNotCoveredError``) is not a ``RedisError``."""
@@ -188,6 +198,10 @@ class Doorbell:
         self._replacer: asyncio.Task[None] | None = None
         # When (loop time) the reader last read anything from the connection.
         self._last_read = float("-inf")
+        # Checks, while anything is watched, that the connection did not go
+        # quiet for IDLE_PROBE_S (the timer, then the task probing it).
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_prober: asyncio.Task[None] | None = None
 
     async def watch(self, channel: str, ring: Ring) -> bool:
         """Subscribe to ``channel`` and return True once Redis confirmed it, so that
@@ -212,6 +226,7 @@ class Doorbell:
                     return False
                 self._pubsub = factories[0]()
             self._handlers[channel] = ring
+            self._check_idle_later()
             confirmed = self._confirmed.get(channel)
             if self._lingering.pop(channel, None) is not None and _subscribed(confirmed):
                 # Still subscribed since its last watch: nothing to subscribe,
@@ -307,6 +322,38 @@ class Doorbell:
             self._steady.pop(channel, None)
             log.debug("doorbell: the probe of the subscription failed", exc_info=True)
 
+    def _check_idle_later(self, since: float | None = None) -> None:
+        """Make sure the connection is checked for going quiet while anything is
+        watched: ``IDLE_PROBE_S`` after ``since`` (loop time; default now)."""
+        if self._idle_timer is None and self._handlers:
+            loop = asyncio.get_running_loop()
+            due = (loop.time() if since is None else since) + IDLE_PROBE_S
+            self._idle_timer = loop.call_at(due, self._idle_due)
+
+    def _idle_due(self) -> None:
+        self._idle_timer = None
+        if not self._handlers or self._pubsub is None:
+            return
+        if asyncio.get_running_loop().time() - self._last_read < IDLE_PROBE_S:
+            self._check_idle_later(self._last_read)
+            return
+        if self._idle_prober is None or self._idle_prober.done():
+            self._idle_prober = asyncio.get_running_loop().create_task(self._probe_idle())
+
+    async def _probe_idle(self) -> None:
+        """Probe the subscription, which read nothing for ``IDLE_PROBE_S`` while
+        channels are watched; a probe that cannot be sent takes the connection
+        for dead at once. Then check again ``IDLE_PROBE_S`` later."""
+        async with self._change:
+            pubsub = self._pubsub
+            watched = [c for c in self._handlers if _subscribed(self._confirmed.get(c))]
+            if pubsub is not None and watched:
+                read_before = self._last_read
+                await self._send_probe(watched[0])
+                if self._probe is None and self._last_read == read_before:
+                    self._rebuild(pubsub, "anything (and a probe could not be sent)", IDLE_PROBE_S)
+            self._check_idle_later()
+
     def _track(self, pubsub: PubSub) -> None:
         """Be told (``_reconnected``) each time redis-py connects ``pubsub``'s
         connection again; registering twice is a no-op."""
@@ -387,6 +434,9 @@ class Doorbell:
         self._steady.clear()
         self._unanswered.clear()
         self._end_probe()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
@@ -445,8 +495,8 @@ class Doorbell:
             self._handlers.clear()
             self._confirmed.clear()
             pubsub, reader = self._drop()
-            helpers = (self._sweeper, self._replacer)
-            self._sweeper = self._replacer = None
+            helpers = (self._sweeper, self._replacer, self._idle_prober)
+            self._sweeper = self._replacer = self._idle_prober = None
         for helper in helpers:
             if helper is not None and helper is not asyncio.current_task():
                 helper.cancel()

@@ -16,6 +16,7 @@ import inspect
 import time
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from redis_fifo_lock import FifoLock
 from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock.doorbell import (
     CONFIRM_TIMEOUT_S,
+    IDLE_PROBE_S,
     LINGER_S,
     MAX_LINGERING,
     PROBE_TIMEOUT_S,
@@ -555,6 +557,62 @@ async def test_a_subscription_whose_reconnection_never_answers_is_rebuilt_for_a_
     watching.cancel()
     await asyncio.gather(watching, return_exceptions=True)
     await FifoLock(aredis, "watched", **settings).release(kept)
+    await client.aclose()
+
+
+async def test_a_watched_subscription_whose_reconnection_never_answers_is_rebuilt(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """As above, but no new wait comes to send a SUBSCRIBE: the one waiter
+    already watches its channel when the reconnection's handshake reply is
+    lost. Its group must not wait for its poll (15 s) to learn of the grant:
+    a subscription that read nothing for ``IDLE_PROBE_S`` is probed, and the
+    unanswered probe rebuilds it. Found by an outside attack (hand-offs to the
+    process served at their polls, again and again)."""
+    settings = {"lease_ms": 30_000, "poll_ms": 15_000}
+    proxy = fault_proxy(redis_url)
+    client = Redis.from_url(proxy.url, socket_timeout=None)
+    holder = FifoLock(aredis, "watched", **settings)
+    kept = await holder.acquire(timeout=5)
+    watching = asyncio.create_task(FifoLock(client, "watched", **settings).acquire(timeout=60))
+    await until(lambda: _channel_count(aredis, "watched"), "the waiter subscribed", pause_s=0.01)
+    await lose_the_reconnection_handshake(client, aredis, proxy)
+    released = time.monotonic()
+    await holder.release(kept)
+    lease = await watching
+    took = time.monotonic() - released
+    bound = IDLE_PROBE_S + PROBE_TIMEOUT_S + 3.0
+    assert took < bound, f"served {took:.2f} s after the release (bound {bound:g} s)"
+    await FifoLock(client, "watched", **settings).release(lease)
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "client_options",
+    [{}, {"socket_timeout": None}],
+    ids=["redis-py-defaults", "no-socket-timeout"],
+)
+async def test_a_watched_subscription_gone_half_open_is_probed_and_rebuilt(
+    aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory, client_options: dict[str, Any]
+) -> None:
+    """The subscription's connection goes half-open while its one waiter
+    waits (what Redis sends on it is held, no side sees an error: a NAT that
+    dropped the flow during a long hold). No new wait sends a SUBSCRIBE that
+    could find it out: the ring of the grant must still reach the waiter once
+    the quiet connection is probed (``IDLE_PROBE_S``) and rebuilt, not at its
+    first poll (15 s). Before the probe, it was served at that poll, with
+    redis-py's default ``socket_timeout`` as with none."""
+    settings = {"lease_ms": 30_000, "poll_ms": 15_000}
+    proxy = fault_proxy(redis_url)
+    client = Redis.from_url(proxy.url, **client_options)
+    holder = FifoLock(aredis, "half-open-watched", **settings)
+    took = await _wait_once(
+        holder,
+        FifoLock(client, "half-open-watched", **settings),
+        before_release=partial(hold_the_subscription_only, client, proxy),
+    )
+    bound = IDLE_PROBE_S + PROBE_TIMEOUT_S + 3.0
+    assert took < bound, f"served {took:.2f} s after the release (bound {bound:g} s)"
     await client.aclose()
 
 

@@ -306,6 +306,15 @@ class ConfirmBlindDoorbell(Doorbell):
             super()._rebuild(silent, what, waited_s)
 
 
+class QuietTrustingDoorbell(Doorbell):
+    """MUTANT quiet-subscription-trusted: a subscription that reads nothing
+    while channels are watched is never probed, so a reader stuck in redis-py's
+    reconnection leaves the waits already watching to their polls."""
+
+    def _check_idle_later(self) -> None:
+        return  # the mutation: a quiet connection is trusted
+
+
 class ReconnectBlindDoorbell(Doorbell):
     """MUTANT reconnect-taken-for-answer: a reconnection of the subscription's
     connection by redis-py goes unnoticed, so while a probe is on its way the
@@ -946,6 +955,13 @@ MUTANTS: dict[str, Mutant] = {
             "reads nothing is waited for without end: rings wait for polls",
             doorbell_class=ConfirmBlindDoorbell,
             requires=((Doorbell.watch, 'self._rebuild(pubsub, "a SUBSCRIBE"'),),
+        ),
+        Mutant(
+            "quiet-subscription-trusted",
+            "a doorbell subscription that reads nothing while channels are watched is "
+            "never probed: a reader stuck in a reconnection leaves waits to their polls",
+            doorbell_class=QuietTrustingDoorbell,
+            requires=((Doorbell.watch, "self._check_idle_later()"),),
         ),
         Mutant(
             "reconnect-taken-for-answer",
