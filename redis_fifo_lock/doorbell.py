@@ -238,7 +238,14 @@ class Doorbell:
             # Before sending: the reply may be read while the send still awaits.
             self._unanswered.append(("subscribe", channel))
             try:
-                await self._pubsub.subscribe(_wire(channel))
+                await within(self._pubsub.subscribe(_wire(channel)), CONFIRM_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                # Not sent: redis-py reconnects inside the call, and the
+                # handshake goes unanswered (for ever with no socket_timeout,
+                # holding every other watch up). The rebuilt subscription
+                # subscribes this channel too.
+                _forget(self._unanswered, ("subscribe", channel))
+                self._rebuild(self._pubsub, "a SUBSCRIBE (not sent)", CONFIRM_TIMEOUT_S)
             except BaseException as exc:
                 _forget(self._unanswered, ("subscribe", channel))
                 if isinstance(exc, PUBSUB_FAILURES) and not isinstance(exc, FAILURES):
@@ -298,29 +305,40 @@ class Doorbell:
             return
         self._unanswered.append(("unsubscribe", channel))
         try:
-            await pubsub.unsubscribe(_wire(channel))
+            await within(pubsub.unsubscribe(_wire(channel)), RESUBSCRIBE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            # Not sent, as a SUBSCRIBE in watch can be.
+            _forget(self._unanswered, ("unsubscribe", channel))
+            self._rebuild(pubsub, "an UNSUBSCRIBE (not sent)", RESUBSCRIBE_TIMEOUT_S)
         except PUBSUB_FAILURES:
             _forget(self._unanswered, ("unsubscribe", channel))
             log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
 
-    async def _send_probe(self, channel: str) -> None:
+    async def _send_probe(self, channel: str) -> bool:
         """Subscribe to ``channel`` again (under ``_change``; it is subscribed and
         confirmed) unless a probe is on its way already, and take the connection
-        for dead if no confirmation comes within ``PROBE_TIMEOUT_S``. If it
-        cannot be sent, ``channel`` is no longer steady: its group polls at once."""
+        for dead if no confirmation comes within ``PROBE_TIMEOUT_S``, also when
+        the probe could not be sent by then. If sending fails, ``channel`` is no
+        longer steady (its group polls at once) and this returns False."""
         pubsub = self._pubsub
         if self._probe is not None or pubsub is None:
-            return
+            return True
         timer = asyncio.get_running_loop().call_later(PROBE_TIMEOUT_S, self._probe_unanswered)
         self._probe = (channel, timer)
         self._unanswered.append(("subscribe", channel))
         try:
-            await pubsub.subscribe(_wire(channel))
+            await within(pubsub.subscribe(_wire(channel)), PROBE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            # Not sent, as a SUBSCRIBE in watch can be: the probe's timer
+            # rebuilds the subscription.
+            _forget(self._unanswered, ("subscribe", channel))
         except PUBSUB_FAILURES:
             _forget(self._unanswered, ("subscribe", channel))
             self._end_probe()
             self._steady.pop(channel, None)
             log.debug("doorbell: the probe of the subscription failed", exc_info=True)
+            return False
+        return True
 
     def _check_idle_later(self, since: float | None = None) -> None:
         """Make sure the connection is checked for going quiet while anything is
@@ -347,11 +365,8 @@ class Doorbell:
         async with self._change:
             pubsub = self._pubsub
             watched = [c for c in self._handlers if _subscribed(self._confirmed.get(c))]
-            if pubsub is not None and watched:
-                read_before = self._last_read
-                await self._send_probe(watched[0])
-                if self._probe is None and self._last_read == read_before:
-                    self._rebuild(pubsub, "anything (and a probe could not be sent)", IDLE_PROBE_S)
+            if pubsub is not None and watched and not await self._send_probe(watched[0]):
+                self._rebuild(pubsub, "anything (and a probe could not be sent)", IDLE_PROBE_S)
             self._check_idle_later()
 
     def _track(self, pubsub: PubSub) -> None:
