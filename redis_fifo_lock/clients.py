@@ -12,6 +12,7 @@ builds a new one after ``fork()``, and closes each client when its loop closes.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -23,7 +24,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from .connection import check_url, masked_kwargs, masked_url, node_address
 from .loops import close_client, contexts, loop_context
-from .protocol import AsyncClient
+from .protocol import CALL_TIMEOUT_S, AsyncClient
 
 SSL_OPTIONS = frozenset(
     name for name in inspect.signature(SSLConnection.__init__).parameters if name.startswith("ssl_")
@@ -91,6 +92,29 @@ def wants_tls(url: str | None, kwargs: Mapping[str, Any], where: str = "LoopClie
     return tls
 
 
+def lock_client_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for a plain client (one server) that the lock builds for
+    itself: on Python 3.11 and later, ``socket_timeout`` None and
+    ``socket_connect_timeout`` ``protocol.CALL_TIMEOUT_S`` (5 s) unless
+    ``kwargs`` set them.
+
+    The lock bounds each of its calls itself there (``protocol.bounded``), so
+    redis-py's own bound is redundant, and on Python 3.11 it costs a task and
+    an event-loop iteration for every command written (redis-py 8's default
+    ``socket_timeout`` is 5 s); see docs/performance.md. On Python 3.10 the
+    lock does not bound its calls, so redis-py's defaults stay. A URL's query
+    (``?socket_timeout=2``) still wins, as ``from_url`` applies it last.
+    Cluster and Sentinel clients keep redis-py's defaults: their discovery
+    moves on from a node or sentinel that does not answer only when redis-py's
+    own timeout ends the wait for it.
+    """
+    result = dict(kwargs)
+    if sys.version_info >= (3, 11):
+        result.setdefault("socket_timeout", None)
+        result.setdefault("socket_connect_timeout", CALL_TIMEOUT_S)
+    return result
+
+
 def tls_kwargs(url: str | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` with TLS made explicit for ``Redis.from_url(url)`` (or ``Redis()``
     when ``url`` is None), ``RedisCluster`` and Sentinel master pools: ``ssl=True``
@@ -124,7 +148,11 @@ class LoopClients:
             ``password``, ``db``, ``ssl``, ``socket_timeout``, ``max_connections``.
             TLS is used with a ``rediss://`` URL, ``ssl=True`` or any ``ssl_*``
             option (``ssl_ca_certs``, ``ssl_cert_reqs``...), also on a
-            ``redis://`` URL.
+            ``redis://`` URL. On Python 3.11 and later ``socket_timeout``
+            defaults to None and ``socket_connect_timeout`` to 5 s: the lock
+            bounds each of its calls itself (see ``lock_client_kwargs``), but a
+            command of your own sent on ``client()`` is then unbounded unless
+            you pass a ``socket_timeout``.
 
     Raises:
         TypeError: ``factory`` given together with ``url`` or connection kwargs,
@@ -162,7 +190,9 @@ class LoopClients:
             )
         self.url = None if url is None else check_url(url, "url")
         self.connection_kwargs = connection_kwargs
-        self._build_kwargs = tls_kwargs(url, connection_kwargs) if factory is None else {}
+        self._build_kwargs = (
+            tls_kwargs(url, lock_client_kwargs(connection_kwargs)) if factory is None else {}
+        )
         self.is_cluster = False
         """True when built by ``cluster()``: the clients are ``RedisCluster``."""
         self._factory = factory or self._plain

@@ -50,7 +50,8 @@ CALL_TIMEOUT_S = 5.0
 """Longest wait for Redis's reply to one script call, in seconds (plus
 ``replica_wait_ms`` when the call waits for replicas), when the client has no
 ``socket_timeout`` to bound it (redis-py before 8 has none by default;
-docs/performance.md advises none on Python 3.11). A client's own
+docs/performance.md advises none on Python 3.11, and ``LoopClients`` builds
+its plain clients with none on 3.11+). A client's own
 ``socket_timeout`` is left to bound its calls, as redis-py does. Not applied
 on Python 3.10, where ``within`` runs the call in a task of its own, whose
 reply reaches the caller loop iterations later (the next holder then ran

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 import warnings
@@ -15,6 +16,7 @@ from asgiref.sync import async_to_sync
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients, SyncFifoLock
+from redis_fifo_lock.protocol import CALL_TIMEOUT_S
 from tests.support.forking import RETURNED, in_child, needs_fork
 
 
@@ -24,6 +26,32 @@ def connections(url: str, name: str) -> int:
         return sum(1 for entry in probe.client_list() if entry["name"] == name)
     finally:
         probe.close()
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="the lock bounds its own calls on Python 3.11+ only"
+)
+def test_a_plain_client_built_for_the_lock_leaves_the_call_bound_to_the_lock(
+    redis_url: str,
+) -> None:
+    """No ``socket_timeout`` of its own unless one is given (redis-py 8's 5 s
+    default starts a task for every command written on Python 3.11), and a
+    bounded connect; what the user gives, in the kwargs or the URL, is kept."""
+
+    async def options(clients: LoopClients) -> dict[str, object]:
+        client = clients.client()
+        try:
+            return dict(client.connection_pool.connection_kwargs)
+        finally:
+            await clients.aclose()
+
+    default = asyncio.run(options(LoopClients(redis_url)))
+    assert default["socket_timeout"] is None
+    assert default["socket_connect_timeout"] == CALL_TIMEOUT_S
+    given = asyncio.run(options(LoopClients(redis_url, socket_timeout=2.0)))
+    assert given["socket_timeout"] == 2.0
+    in_url = asyncio.run(options(LoopClients(f"{redis_url.partition('?')[0]}?socket_timeout=3")))
+    assert in_url["socket_timeout"] == 3.0
 
 
 def test_each_asyncio_run_gets_its_own_client_and_closes_it(redis_url: str) -> None:

@@ -535,8 +535,8 @@ async def test_an_error_reply_of_a_reconnection_handshake_is_no_refusal(
 async def test_a_subscription_whose_reconnection_never_answers_is_rebuilt_for_a_new_wait(
     aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
 ) -> None:
-    """On a client with no ``socket_timeout`` (docs/performance.md's advice on
-    Python 3.11, redis-py before 8's default) the subscription's
+    """On a client with no ``socket_timeout`` (``LoopClients`` on Python 3.11+,
+    docs/performance.md's advice there, redis-py before 8) the subscription's
     connection is cut, and the handshake reply of redis-py's reconnection,
     inside the doorbell's reader, is lost: that reader waits for it for ever.
     A wait on another lock then finds its SUBSCRIBE unconfirmed with nothing

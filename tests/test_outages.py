@@ -319,15 +319,15 @@ async def test_every_call_is_bounded_by_the_lock_when_the_client_has_no_socket_t
 
 
 @ON_3_11
-def test_loop_clients_without_socket_timeout_are_bounded_by_the_lock_while_redis_is_silent(
+def test_the_clients_the_lock_builds_are_bounded_by_the_lock_while_redis_is_silent(
     silence: Silence, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``LoopClients`` with no ``socket_timeout`` (docs/performance.md's advice
-    on Python 3.11; the lock bounds its calls itself): a silent server still
-    ends a ``SyncFifoLock`` release and the SCAN for lock names (``manage.py
-    fifolock list``) with an error within the lock's bound, never a hang."""
+    """``LoopClients`` builds plain clients with no ``socket_timeout`` on
+    Python 3.11+ (the lock bounds its calls itself): a silent server still ends
+    a ``SyncFifoLock`` release and the SCAN for lock names (``manage.py fifolock
+    list``) with an error within the lock's bound, never a hang."""
     monkeypatch.setattr(protocol, "CALL_TIMEOUT_S", 0.5)  # the bound's length only
-    clients = LoopClients(silence.url, socket_timeout=None)
+    clients = LoopClients(silence.url)
     lock = SyncFifoLock(clients, "own-client", lease_ms=60_000, poll_ms=30_000)
     lease = lock.acquire(timeout=5)
     assert lock_names_sync(clients) == ["own-client"]

@@ -583,8 +583,8 @@ async def half_open_doorbell(ctx: Context) -> Outcome:
 )
 async def reconnect_handshake_lost(ctx: Context) -> Outcome:
     """The doorbell's reader is left waiting for ever in redis-py's
-    reconnection (a client with no ``socket_timeout``, as docs/performance.md
-    advises on Python 3.11). Waits on other locks of the process must still be rung: each new
+    reconnection (no ``socket_timeout``, as ``LoopClients`` builds on Python
+    3.11+). Waits on other locks of the process must still be rung: each new
     channel's SUBSCRIBE, unconfirmed with nothing read, rebuilds the
     subscription; none is served at its first poll (15 s)."""
     settings = {"lease_ms": 30_000, "poll_ms": 15_000}
