@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import redis
 from redis.asyncio.client import PubSub
@@ -238,14 +238,7 @@ class Doorbell:
             # Before sending: the reply may be read while the send still awaits.
             self._unanswered.append(("subscribe", channel))
             try:
-                await within(self._pubsub.subscribe(_wire(channel)), CONFIRM_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                # Not sent: redis-py reconnects inside the call, and the
-                # handshake goes unanswered (for ever with no socket_timeout,
-                # holding every other watch up). The rebuilt subscription
-                # subscribes this channel too.
-                _forget(self._unanswered, ("subscribe", channel))
-                self._rebuild(self._pubsub, "a SUBSCRIBE (not sent)", CONFIRM_TIMEOUT_S)
+                sent = await self._sent(self._pubsub.subscribe(_wire(channel)), CONFIRM_TIMEOUT_S)
             except BaseException as exc:
                 _forget(self._unanswered, ("subscribe", channel))
                 if isinstance(exc, PUBSUB_FAILURES) and not isinstance(exc, FAILURES):
@@ -253,6 +246,10 @@ class Doorbell:
                         f"the subscription's connection broke under the SUBSCRIBE ({exc!r})"
                     ) from exc
                 raise
+            if not sent:
+                # The rebuilt subscription subscribes this channel too.
+                _forget(self._unanswered, ("subscribe", channel))
+                self._rebuild(self._pubsub, "a SUBSCRIBE (not sent)", CONFIRM_TIMEOUT_S)
             self._track(self._pubsub)
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read())
@@ -305,14 +302,30 @@ class Doorbell:
             return
         self._unanswered.append(("unsubscribe", channel))
         try:
-            await within(pubsub.unsubscribe(_wire(channel)), RESUBSCRIBE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            # Not sent, as a SUBSCRIBE in watch can be.
-            _forget(self._unanswered, ("unsubscribe", channel))
-            self._rebuild(pubsub, "an UNSUBSCRIBE (not sent)", RESUBSCRIBE_TIMEOUT_S)
+            sent = await self._sent(pubsub.unsubscribe(_wire(channel)), RESUBSCRIBE_TIMEOUT_S)
         except PUBSUB_FAILURES:
             _forget(self._unanswered, ("unsubscribe", channel))
             log.debug("doorbell: unsubscribe from %s failed", channel, exc_info=True)
+            return
+        if not sent:
+            _forget(self._unanswered, ("unsubscribe", channel))
+            self._rebuild(pubsub, "an UNSUBSCRIBE (not sent)", RESUBSCRIBE_TIMEOUT_S)
+
+    async def _sent(self, command: Awaitable[object], timeout_s: float) -> bool:
+        """Await ``command``, a SUBSCRIBE or UNSUBSCRIBE on the subscription, for
+        at most ``timeout_s`` seconds; False if that ran out. It was then not
+        even sent: redis-py reconnects a broken connection inside the call, and
+        bounds that handshake by ``socket_timeout`` alone (for ever with none,
+        while the caller holds ``_change`` and so every other watch up).
+
+        Raises:
+            whatever ``command`` raises.
+        """
+        try:
+            await within(command, timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def _send_probe(self, channel: str) -> bool:
         """Subscribe to ``channel`` again (under ``_change``; it is subscribed and
@@ -327,11 +340,9 @@ class Doorbell:
         self._probe = (channel, timer)
         self._unanswered.append(("subscribe", channel))
         try:
-            await within(pubsub.subscribe(_wire(channel)), PROBE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            # Not sent, as a SUBSCRIBE in watch can be: the probe's timer
-            # rebuilds the subscription.
-            _forget(self._unanswered, ("subscribe", channel))
+            if not await self._sent(pubsub.subscribe(_wire(channel)), PROBE_TIMEOUT_S):
+                # Not sent: the probe's timer rebuilds the subscription.
+                _forget(self._unanswered, ("subscribe", channel))
         except PUBSUB_FAILURES:
             _forget(self._unanswered, ("subscribe", channel))
             self._end_probe()

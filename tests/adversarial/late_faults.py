@@ -33,6 +33,7 @@ import random
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import cast
@@ -44,9 +45,10 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import RedisError
 
 import redis_fifo_lock.protocol as protocol_module
+import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
 from redis_fifo_lock.doorbell import CONFIRM_TIMEOUT_S, IDLE_PROBE_S, PROBE_TIMEOUT_S
-from redis_fifo_lock.protocol import CALL_TIMEOUT_S
+from redis_fifo_lock.protocol import CALL_TIMEOUT_S, Grant
 from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena
@@ -620,6 +622,90 @@ async def reconnect_handshake_lost(ctx: Context) -> Outcome:
             await client.aclose()
             await admin.aclose()
     return outcome(ctx, "reconnect-handshake-lost", problems)
+
+
+@scenario(
+    "subscribe-reconnect-unanswered",
+    kills=("unbounded-pubsub-send",),
+    faults="a client with no socket_timeout and no retries; the subscription's connection "
+    "is reset and the reader's reconnection refused; a watch's SUBSCRIBE (a new channel's, "
+    "then a lingering one's probe) reconnects it inside the call, and the handshake's "
+    "reply is lost",
+)
+async def subscribe_reconnect_unanswered(ctx: Context) -> Outcome:
+    """A SUBSCRIBE the doorbell sends while its reader waits to rebuild a
+    broken subscription reconnects the connection inside the call; with the
+    handshake's reply lost, redis-py would wait for it for ever, and the watch
+    with it, holding the doorbell's lock (every other watch, and the rebuild).
+    Each watch must return within ``CONFIRM_TIMEOUT_S`` + 2 s, the rebuilt
+    subscription ring both channels."""
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    admin = Redis.from_url(server.url)
+    try:
+        for second_lingers in (False, True):
+            with FaultProxy(host, server.port) as proxy:
+                problem = await _watch_through_a_lost_handshake(admin, proxy, second_lingers)
+            if problem:
+                problems.append(problem)
+    finally:
+        await admin.aclose()
+    return outcome(ctx, "subscribe-reconnect-unanswered", problems)
+
+
+async def _watch_through_a_lost_handshake(
+    admin: Redis, proxy: FaultProxy, second_lingers: bool
+) -> str | None:
+    """One run of ``subscribe-reconnect-unanswered``: what went wrong, or None."""
+    client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    rung: list[str] = []
+
+    def ring(token: str, grant: Grant) -> None:
+        rung.append(token)
+
+    # Looked up now: a mutant replaces the class in that module.
+    doorbell = waiting_module.Doorbell(weakref.ref(client))
+    what = "the probe of a lingering channel" if second_lingers else "a new channel's SUBSCRIBE"
+    first, second = "fifolock:{unsent}:doorbell:first", "fifolock:{unsent}:doorbell:second"
+    try:
+        await doorbell.watch(first, ring)
+        if second_lingers:
+            await doorbell.watch(second, ring)
+            await doorbell.unwatch(second, ring)
+        broken = doorbell._pubsub
+        proxy.max_connections = 0  # the reader's reconnection is refused
+        proxy.reset()
+        await until(lambda: proxy.refused > 0, "the reader's reconnection was refused", 0.002)
+        proxy.hold("down")  # on the connections made from now on, too
+        proxy.max_connections = 8
+        accepted = proxy.accepted
+        started = time.monotonic()
+        watching = asyncio.create_task(doorbell.watch(second, ring))
+        await until(
+            lambda: proxy.accepted > accepted and proxy.held_bytes("down") > 0,
+            "the SUBSCRIBE reconnected, and Redis answered its handshake (held)",
+            pause_s=0.002,
+        )
+        proxy.release("down", deliver=False)
+        bound = CONFIRM_TIMEOUT_S + 2.0
+        done, _ = await asyncio.wait({watching}, timeout=bound + 8.0)
+        if not done:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            return f"a watch behind {what} never returned: its lost handshake held it"
+        took = time.monotonic() - started
+        if took > bound:
+            return f"a watch behind {what} returned after {took:.2f} s (bound {bound:g} s)"
+        await until(lambda: doorbell._pubsub is not broken, "the subscription was rebuilt")
+        await until(lambda: doorbell.steady_since(second) is not None, "both confirmed")
+        for channel in (first, second):
+            await admin.publish(channel, f"{channel[-5:]} 5 7 1000 call 0 " + "a" * 40)
+        await until(lambda: len(rung) == 2, "both channels were rung")
+        return None
+    finally:
+        await doorbell.aclose()
+        await client.aclose()
 
 
 @scenario(

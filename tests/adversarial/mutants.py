@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -313,6 +313,17 @@ class QuietTrustingDoorbell(Doorbell):
 
     def _check_idle_later(self) -> None:
         return  # the mutation: a quiet connection is trusted
+
+
+class UnboundedSendDoorbell(Doorbell):
+    """MUTANT unbounded-pubsub-send: a SUBSCRIBE or UNSUBSCRIBE the doorbell
+    sends waits as long as redis-py does, so a reconnection inside it whose
+    handshake reply was lost holds the watch, and the doorbell's lock, for
+    ever on a client with no socket_timeout."""
+
+    async def _sent(self, command: Awaitable[object], timeout_s: float) -> bool:
+        await command  # the mutation: no bound
+        return True
 
 
 class ReconnectBlindDoorbell(Doorbell):
@@ -962,6 +973,13 @@ MUTANTS: dict[str, Mutant] = {
             "never probed: a reader stuck in a reconnection leaves waits to their polls",
             doorbell_class=QuietTrustingDoorbell,
             requires=((Doorbell.watch, "self._check_idle_later()"),),
+        ),
+        Mutant(
+            "unbounded-pubsub-send",
+            "a doorbell SUBSCRIBE or UNSUBSCRIBE waits as long as redis-py does: a "
+            "reconnection inside it with a lost handshake holds every watch up for ever",
+            doorbell_class=UnboundedSendDoorbell,
+            requires=((Doorbell._sent, "await within(command, timeout_s)"),),
         ),
         Mutant(
             "reconnect-taken-for-answer",
