@@ -587,6 +587,46 @@ async def test_a_watched_subscription_whose_reconnection_never_answers_is_rebuil
     await client.aclose()
 
 
+async def test_a_quiet_watched_subscription_costs_one_probe_per_idle_period(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle probe's cost: while 50 waiters of one client wait on five
+    locks whose holders keep them, the connection reads nothing but the
+    probes' answers, and gets one probe per ``IDLE_PROBE_S`` (not one per
+    waiter or per channel); once nothing is watched or lingers, none at all."""
+    idle_s = 0.25
+    monkeypatch.setattr(doorbell_module, "IDLE_PROBE_S", idle_s)
+    client = Redis.from_url(redis_url)
+    names = [f"quiet-{n}" for n in range(5)]
+    leases = [await FifoLock(aredis, name, **SETTINGS).acquire(timeout=5) for name in names]
+    waiters = [
+        asyncio.create_task(FifoLock(client, name, **SETTINGS).acquire(timeout=30))
+        for name in names
+        for _ in range(10)
+    ]
+
+    async def all_subscribed() -> bool:
+        return len(await _doorbells(aredis)) == len(names)
+
+    await until(all_subscribed, "the waiters subscribed", pause_s=0.01)
+    before, started = await _subscribes(aredis), time.monotonic()
+    await asyncio.sleep(10 * idle_s)  # the span measured, not a synchronisation
+    probes, spent = await _subscribes(aredis) - before, time.monotonic() - started
+    assert 1 <= probes <= spent / idle_s + 1, f"{probes} probes in {spent:.2f} s"
+    for held in leases:
+        await FifoLock(aredis, held.name, **SETTINGS).release(held)
+    for waiting in asyncio.as_completed(waiters):
+        lease = await waiting
+        await FifoLock(client, lease.name, **SETTINGS).release(lease)
+    await until(
+        lambda: not hub_for(client).doorbell.active, "the subscription was dropped", pause_s=0.05
+    )
+    after = await _subscribes(aredis)
+    await asyncio.sleep(4 * idle_s)  # the span measured, not a synchronisation
+    assert await _subscribes(aredis) == after, "probed with nothing watched"
+    await client.aclose()
+
+
 @pytest.mark.parametrize(
     "client_options",
     [{}, {"socket_timeout": None}],
