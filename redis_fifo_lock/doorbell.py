@@ -102,13 +102,21 @@ until its polls."""
 
 IDLE_PROBE_S = 5.0
 """How long, in seconds, the subscription's connection may go with nothing
-read from it while a channel is watched; then it is probed (``PROBE_TIMEOUT_S``).
-A wait on a channel the process already watches sends nothing that would
-find the connection dead: it may have died silently, or redis-py's
-reconnection inside the reader may wait for ever for a lost handshake reply
-(a client with no ``socket_timeout``), and rings would reach no waiter until
-its polls. At most one probe per ``IDLE_PROBE_S`` per doorbell, and none
-while rings or confirmations are read."""
+read from it while a channel is watched; then it is probed, and rebuilt if
+the probe goes unanswered for ``IDLE_PROBE_TIMEOUT_S``. A wait on a channel
+the process already watches sends nothing that would find the connection
+dead: it may have died silently, or redis-py's reconnection inside the reader
+may wait for ever for a lost handshake reply (a client with no
+``socket_timeout``), and rings would reach no waiter until its polls. At most
+one probe per ``IDLE_PROBE_S`` per doorbell, and none while rings or
+confirmations are read."""
+
+IDLE_PROBE_TIMEOUT_S = 2.0
+"""How long, in seconds, the probe of a quiet subscription (``IDLE_PROBE_S``)
+may go unanswered. Longer than ``PROBE_TIMEOUT_S``, as no wait is starting
+on it: a slow link, or an event loop kept busy for half a second, must not
+have the subscription rebuilt, and every watched group poll, after each
+quiet period."""
 
 FAILURES = (RedisError, RedisClusterException, OSError)
 """What a pub/sub call raises when Redis (or a cluster node) cannot be reached.
@@ -327,20 +335,28 @@ class Doorbell:
             return False
         return True
 
-    async def _send_probe(self, channel: str) -> bool:
+    async def _send_probe(self, channel: str, answer_s: float = PROBE_TIMEOUT_S) -> bool:
         """Subscribe to ``channel`` again (under ``_change``; it is subscribed and
         confirmed) unless a probe is on its way already, and take the connection
-        for dead if no confirmation comes within ``PROBE_TIMEOUT_S``, also when
-        the probe could not be sent by then. If sending fails, ``channel`` is no
-        longer steady (its group polls at once) and this returns False."""
+        for dead if no confirmation comes within ``answer_s`` seconds, also when
+        the probe could not be sent by then; a probe on its way is given no
+        longer than that from now. If sending fails, ``channel`` is no longer
+        steady (its group polls at once) and this returns False."""
         pubsub = self._pubsub
-        if self._probe is not None or pubsub is None:
+        loop = asyncio.get_running_loop()
+        if self._probe is not None:
+            probed, pending = self._probe
+            if pending.when() > loop.time() + answer_s:
+                pending.cancel()
+                self._probe = (probed, loop.call_later(answer_s, self._probe_unanswered, answer_s))
             return True
-        timer = asyncio.get_running_loop().call_later(PROBE_TIMEOUT_S, self._probe_unanswered)
+        if pubsub is None:
+            return True
+        timer = loop.call_later(answer_s, self._probe_unanswered, answer_s)
         self._probe = (channel, timer)
         self._unanswered.append(("subscribe", channel))
         try:
-            if not await self._sent(pubsub.subscribe(_wire(channel)), PROBE_TIMEOUT_S):
+            if not await self._sent(pubsub.subscribe(_wire(channel)), answer_s):
                 # Not sent: the probe's timer rebuilds the subscription.
                 _forget(self._unanswered, ("subscribe", channel))
         except PUBSUB_FAILURES:
@@ -376,7 +392,11 @@ class Doorbell:
         async with self._change:
             pubsub = self._pubsub
             watched = [c for c in self._handlers if _subscribed(self._confirmed.get(c))]
-            if pubsub is not None and watched and not await self._send_probe(watched[0]):
+            if (
+                pubsub is not None
+                and watched
+                and not await self._send_probe(watched[0], IDLE_PROBE_TIMEOUT_S)
+            ):
                 self._rebuild(pubsub, "anything (and a probe could not be sent)", IDLE_PROBE_S)
             self._check_idle_later()
 
@@ -408,11 +428,11 @@ class Doorbell:
             self._probe[1].cancel()
             self._probe = None
 
-    def _probe_unanswered(self) -> None:
-        """No confirmation of the probe within ``PROBE_TIMEOUT_S``."""
+    def _probe_unanswered(self, waited_s: float) -> None:
+        """No confirmation of the probe within ``waited_s`` seconds."""
         self._probe = None
         if self._pubsub is not None:
-            self._rebuild(self._pubsub, "the probe", PROBE_TIMEOUT_S)
+            self._rebuild(self._pubsub, "the probe", waited_s)
 
     def _rebuild(self, silent: PubSub, what: str, waited_s: float) -> None:
         """``silent``, if still the subscription, left ``what`` unanswered for

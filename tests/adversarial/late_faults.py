@@ -47,7 +47,12 @@ from redis.exceptions import RedisError
 import redis_fifo_lock.protocol as protocol_module
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, RedisUnavailable
-from redis_fifo_lock.doorbell import CONFIRM_TIMEOUT_S, IDLE_PROBE_S, PROBE_TIMEOUT_S
+from redis_fifo_lock.doorbell import (
+    CONFIRM_TIMEOUT_S,
+    IDLE_PROBE_S,
+    IDLE_PROBE_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
+)
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, Grant
 from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S
 from tests.adversarial.actors import Plan
@@ -709,6 +714,57 @@ async def _watch_through_a_lost_handshake(
 
 
 @scenario(
+    "slow-link-quiet-subscription",
+    kills=("slow-answer-taken-for-dead",),
+    faults="every reply to the waiter's client is delayed 0.7 s (a slow link) while its "
+    "subscription stays quiet for two idle periods",
+)
+async def slow_link_quiet_subscription(ctx: Context) -> Outcome:
+    """A slow connection is not a dead one: over two quiet periods
+    (``IDLE_PROBE_S``) of a waiter whose replies all come 0.7 s late, the
+    idle probes are answered late and the subscription is never rebuilt (each
+    rebuild opens a connection and makes every watched group poll); then the
+    waiter is rung."""
+    settings = {"lease_ms": 30_000, "poll_ms": 15_000}
+    server = ctx.servers()
+    host = urlsplit(server.url).hostname or "127.0.0.1"
+    problems: list[str] = []
+    admin = Redis.from_url(server.url)
+    with FaultProxy(host, server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        holder = FifoLock(admin, "slow-link", **settings)
+        try:
+            kept = await holder.acquire(timeout=5)
+            watching = asyncio.create_task(
+                FifoLock(client, "slow-link", **settings).acquire(timeout=60)
+            )
+
+            async def subscribed() -> bool:
+                return bool(await admin.pubsub_channels("*slow-link*doorbell*"))
+
+            await until(subscribed, "the waiter subscribed", pause_s=0.01)
+            proxy.delay("down", 700)
+            accepted = proxy.accepted
+            await asyncio.sleep(2 * IDLE_PROBE_S + 1.0)  # the span under test
+            if proxy.accepted != accepted:
+                problems.append(
+                    f"{proxy.accepted - accepted} new connection(s) in two quiet periods: the "
+                    "slow subscription was taken for dead and rebuilt"
+                )
+            released = time.monotonic()
+            await holder.release(kept)
+            lease = await watching
+            took = time.monotonic() - released
+            await FifoLock(client, "slow-link", **settings).release(lease)
+            if took > 3.0:
+                problems.append(f"the waiter was served {took:.2f} s after the release")
+        finally:
+            await client.aclose()
+            await admin.aclose()
+    return outcome(ctx, "slow-link-quiet-subscription", problems)
+
+
+@scenario(
     "watched-reconnect-handshake-lost",
     kills=("quiet-subscription-trusted",),
     faults="a client with no socket_timeout; while its one waiter is subscribed, the "
@@ -745,7 +801,7 @@ async def watched_reconnect_handshake_lost(ctx: Context) -> Outcome:
                 lease = await watching
                 took = time.monotonic() - released
                 await FifoLock(client, "watched", **settings).release(lease)
-                bound = IDLE_PROBE_S + PROBE_TIMEOUT_S + 3.0
+                bound = IDLE_PROBE_S + IDLE_PROBE_TIMEOUT_S + 2.0
                 if took > bound:
                     problems.append(
                         f"wait {wait} was served {took:.2f} s after the release (bound "

@@ -38,7 +38,7 @@ import redis_fifo_lock.renewal as renewal_module
 import redis_fifo_lock.waiting as waiting_module
 from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
 from redis_fifo_lock.calls import SEQ_DIGITS, CallIds
-from redis_fifo_lock.doorbell import Doorbell
+from redis_fifo_lock.doorbell import PROBE_TIMEOUT_S, Doorbell
 from redis_fifo_lock.loops import loop_context
 from redis_fifo_lock.protocol import (
     GAVE_BACK,
@@ -324,6 +324,15 @@ class UnboundedSendDoorbell(Doorbell):
     async def _sent(self, command: Awaitable[object], timeout_s: float) -> bool:
         await command  # the mutation: no bound
         return True
+
+
+class HastyIdleProbeDoorbell(Doorbell):
+    """MUTANT slow-answer-taken-for-dead: the probe of a quiet subscription
+    gets a starting wait's half second to be answered, so a slow link (or a
+    busy loop) has the subscription rebuilt after every quiet period."""
+
+    async def _send_probe(self, channel: str, answer_s: float = PROBE_TIMEOUT_S) -> bool:
+        return await super()._send_probe(channel)  # the mutation: always PROBE_TIMEOUT_S
 
 
 class ReconnectBlindDoorbell(Doorbell):
@@ -980,6 +989,13 @@ MUTANTS: dict[str, Mutant] = {
             "reconnection inside it with a lost handshake holds every watch up for ever",
             doorbell_class=UnboundedSendDoorbell,
             requires=((Doorbell._sent, "await within(command, timeout_s)"),),
+        ),
+        Mutant(
+            "slow-answer-taken-for-dead",
+            "the idle probe of a quiet doorbell subscription must be answered within "
+            "PROBE_TIMEOUT_S: a slow link is rebuilt after every quiet period",
+            doorbell_class=HastyIdleProbeDoorbell,
+            requires=((Doorbell._probe_idle, "IDLE_PROBE_TIMEOUT_S"),),
         ),
         Mutant(
             "reconnect-taken-for-answer",
