@@ -47,6 +47,7 @@ from tests.support.proxy import (
     FaultProxy,
     hold_the_subscription_only,
     lose_the_reconnection_handshake,
+    watch_through_a_lost_handshake,
 )
 
 SETTINGS = {"lease_ms": 4000, "poll_ms": 1000}
@@ -695,46 +696,11 @@ async def test_a_subscribe_whose_reconnection_is_never_answered_holds_no_watch_u
     inside the call, and the handshake's reply is lost. That watch must not
     wait for it for ever, holding every other watch and the rebuild up:
     within ``CONFIRM_TIMEOUT_S`` the subscription is rebuilt, with both
-    channels subscribed and rung."""
-    proxy = fault_proxy(redis_url)
-    client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
-    rung: list[str] = []
-
-    def ring(token: str, grant: Grant) -> None:
-        rung.append(token)
-
-    doorbell = Doorbell(weakref.ref(client))
-    first, second = "fifolock:{unsent}:doorbell:first", "fifolock:{unsent}:doorbell:second"
-    assert await doorbell.watch(first, ring)
-    if second_lingers:
-        assert await doorbell.watch(second, ring)
-        await doorbell.unwatch(second, ring)
-    broken = doorbell._pubsub
-    assert broken is not None and broken.connection is not None
-    proxy.max_connections = 0  # the reader's reconnection is refused
-    proxy.reset()
-    await until(lambda: proxy.refused > 0, "the reader's reconnection was refused", pause_s=0.002)
-    proxy.hold("down")  # on the connections made from now on, too
-    proxy.max_connections = 8
-    accepted = proxy.accepted
-    started = time.monotonic()
-    watching = asyncio.create_task(doorbell.watch(second, ring))
-    await until(
-        lambda: proxy.accepted > accepted and proxy.held_bytes("down") > 0,
-        "the SUBSCRIBE reconnected, and Redis answered its handshake (held)",
-        pause_s=0.002,
+    channels subscribed and rung (``watch_through_a_lost_handshake``)."""
+    problem = await watch_through_a_lost_handshake(
+        aredis, fault_proxy(redis_url), Doorbell, second_lingers=second_lingers
     )
-    proxy.release("down", deliver=False)
-    assert await asyncio.wait_for(watching, 15)
-    await until(lambda: doorbell._pubsub is not broken, "the subscription was rebuilt")
-    took = time.monotonic() - started
-    assert took < CONFIRM_TIMEOUT_S + 2.0, f"the watch took {took:.2f} s"
-    await until(lambda: doorbell.steady_since(second) is not None, "the rebuilt one confirmed")
-    for channel in (first, second):
-        assert await aredis.publish(channel, f"{channel[-5:]} 5 7 1000 call 0 " + "a" * 40) == 1
-    await until(lambda: len(rung) == 2, "both channels were rung")
-    await doorbell.aclose()
-    await client.aclose()
+    assert problem is None, problem
 
 
 async def _channel_count(admin: Redis, name: str) -> int:

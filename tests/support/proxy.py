@@ -16,7 +16,9 @@ directions. A test steers each direction separately, at any moment:
 * ``accepted`` and ``open`` count connections (ever accepted, open now).
 
 ``hold_the_subscription_only`` makes a client's one pub/sub connection
-half-open, and no other.
+half-open, and no other; ``lose_the_reconnection_handshake`` and
+``watch_through_a_lost_handshake`` leave redis-py waiting for a reconnection's
+handshake reply that never comes.
 
 ``"up"`` is client to server, ``"down"`` server to client. With a hold on
 ``"up"`` a command never reaches Redis until released; with a hold on
@@ -43,17 +45,23 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from redis_fifo_lock.doorbell import CONFIRM_TIMEOUT_S, Doorbell
 from redis_fifo_lock.waiting import hub_for
 from tests.support.polling import until
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from redis_fifo_lock.protocol import Grant
 
 Direction = Literal["up", "down"]
 """``"up"``: client to server; ``"down"``: server to client."""
@@ -446,6 +454,70 @@ async def lose_the_reconnection_handshake(client: Redis, admin: Redis, proxy: Fa
     await until(lambda: proxy.accepted > accepted, "redis-py reconnected the subscription")
     await until(lambda: proxy.held_bytes("down") > 0, "the reconnection's handshake was answered")
     proxy.release("down", deliver=False)
+
+
+async def watch_through_a_lost_handshake(
+    admin: Redis, proxy: FaultProxy, doorbell_class: type[Doorbell], *, second_lingers: bool
+) -> str | None:
+    """Watch a doorbell channel through a SUBSCRIBE that redis-py sends while
+    reconnecting, whose handshake reply is lost; what went wrong, or None.
+
+    A ``doorbell_class`` doorbell of a client through ``proxy`` (``admin``
+    talks to the server directly), with no ``socket_timeout`` and no retries,
+    watches a first channel. Its connection is reset and the reader's
+    reconnection refused, so the reader waits to rebuild it; a watch of a
+    second channel (new, or lingering: then its SUBSCRIBE is the probe) sent
+    meanwhile reconnects inside the call, and the handshake's reply is
+    dropped. The watch must return within ``CONFIRM_TIMEOUT_S`` + 2 s, the
+    subscription be rebuilt and both channels rung.
+    """
+    client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    rung: list[str] = []
+
+    def ring(token: str, grant: Grant) -> None:
+        rung.append(token)
+
+    doorbell = doorbell_class(weakref.ref(client))
+    what = "the probe of a lingering channel" if second_lingers else "a new channel's SUBSCRIBE"
+    first, second = "fifolock:{unsent}:doorbell:first", "fifolock:{unsent}:doorbell:second"
+    try:
+        await doorbell.watch(first, ring)
+        if second_lingers:
+            await doorbell.watch(second, ring)
+            await doorbell.unwatch(second, ring)
+        broken = doorbell._pubsub
+        proxy.max_connections = 0  # the reader's reconnection is refused
+        proxy.reset()
+        await until(lambda: proxy.refused > 0, "the reader's reconnection was refused", 0.002)
+        proxy.hold("down")  # on the connections made from now on, too
+        proxy.max_connections = 8
+        accepted = proxy.accepted
+        started = time.monotonic()
+        watching = asyncio.create_task(doorbell.watch(second, ring))
+        await until(
+            lambda: proxy.accepted > accepted and proxy.held_bytes("down") > 0,
+            "the SUBSCRIBE reconnected, and Redis answered its handshake (held)",
+            pause_s=0.002,
+        )
+        proxy.release("down", deliver=False)
+        bound = CONFIRM_TIMEOUT_S + 2.0
+        done, _ = await asyncio.wait({watching}, timeout=bound + 8.0)
+        if not done:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            return f"a watch behind {what} never returned: its lost handshake held it"
+        took = time.monotonic() - started
+        if took > bound:
+            return f"a watch behind {what} returned after {took:.2f} s (bound {bound:g} s)"
+        await until(lambda: doorbell._pubsub is not broken, "the subscription was rebuilt")
+        await until(lambda: doorbell.steady_since(second) is not None, "both confirmed")
+        for channel in (first, second):
+            await admin.publish(channel, f"{channel[-5:]} 5 7 1000 call 0 " + "a" * 40)
+        await until(lambda: len(rung) == 2, "both channels were rung")
+        return None
+    finally:
+        await doorbell.aclose()
+        await client.aclose()
 
 
 async def _hold_alone(client: Redis, proxy: FaultProxy, *, current_only: bool) -> bool:
