@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -562,6 +563,11 @@ async def test_a_subscription_whose_reconnection_never_answers_is_rebuilt_for_a_
     await client.aclose()
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="no socket_timeout is unsupported on Python 3.10: the lock does not bound its calls "
+    "there, and redis-py 5.0 reconnects the poll's connection, not the subscription, first",
+)
 async def test_a_watched_subscription_whose_reconnection_never_answers_is_rebuilt(
     aredis: Redis, redis_url: str, fault_proxy: FaultProxyFactory
 ) -> None:

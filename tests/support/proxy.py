@@ -488,7 +488,9 @@ async def watch_through_a_lost_handshake(
         broken = doorbell._pubsub
         proxy.max_connections = 0  # the reader's reconnection is refused
         proxy.reset()
-        await until(lambda: proxy.refused > 0, "the reader's reconnection was refused", 0.002)
+        await until(
+            lambda: proxy.refused > 0, "the reader's reconnection was refused", pause_s=0.002
+        )
         proxy.hold("down")  # on the connections made from now on, too
         proxy.max_connections = 8
         accepted = proxy.accepted
