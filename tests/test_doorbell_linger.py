@@ -700,9 +700,10 @@ async def test_a_subscribe_whose_reconnection_is_never_answered_holds_no_watch_u
     ``RECONNECT_DELAY_S`` before rebuilding. A watch's SUBSCRIBE sent
     meanwhile (a new channel's, or the probe of a lingering one) reconnects it
     inside the call, and the handshake's reply is lost. That watch must not
-    wait for it for ever, holding every other watch and the rebuild up:
-    within ``CONFIRM_TIMEOUT_S`` the subscription is rebuilt, with both
-    channels subscribed and rung (``watch_through_a_lost_handshake``)."""
+    wait for it for ever, holding every other watch and the rebuild up: it
+    returns (or fails) within ``CONFIRM_TIMEOUT_S``, and then both channels
+    are subscribed on a live connection and rung
+    (``watch_through_a_lost_handshake``)."""
     problem = await watch_through_a_lost_handshake(
         aredis, fault_proxy(redis_url), Doorbell, second_lingers=second_lingers
     )

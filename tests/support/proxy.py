@@ -55,12 +55,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from redis_fifo_lock.doorbell import CONFIRM_TIMEOUT_S, Doorbell
 from redis_fifo_lock.waiting import hub_for
 from tests.support.polling import until
 
 if TYPE_CHECKING:
+    from redis_fifo_lock.doorbell import Ring
     from redis_fifo_lock.protocol import Grant
 
 Direction = Literal["up", "down"]
@@ -468,8 +470,11 @@ async def watch_through_a_lost_handshake(
     reconnection refused, so the reader waits to rebuild it; a watch of a
     second channel (new, or lingering: then its SUBSCRIBE is the probe) sent
     meanwhile reconnects inside the call, and the handshake's reply is
-    dropped. The watch must return within ``CONFIRM_TIMEOUT_S`` + 2 s, the
-    subscription be rebuilt and both channels rung.
+    dropped. The watch must return (or fail, as when its SUBSCRIBE went out
+    on the broken connection) within ``CONFIRM_TIMEOUT_S`` + 2 s; then both
+    channels, the second watched again if its watch failed, must be
+    subscribed on a live connection (rebuilt, or reconnected by redis-py) and
+    rung.
     """
     client = Redis.from_url(proxy.url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
     rung: list[str] = []
@@ -485,7 +490,6 @@ async def watch_through_a_lost_handshake(
         if second_lingers:
             await doorbell.watch(second, ring)
             await doorbell.unwatch(second, ring)
-        broken = doorbell._pubsub
         proxy.max_connections = 0  # the reader's reconnection is refused
         proxy.reset()
         await until(
@@ -511,8 +515,18 @@ async def watch_through_a_lost_handshake(
         took = time.monotonic() - started
         if took > bound:
             return f"a watch behind {what} returned after {took:.2f} s (bound {bound:g} s)"
-        await until(lambda: doorbell._pubsub is not broken, "the subscription was rebuilt")
-        await until(lambda: doorbell.steady_since(second) is not None, "both confirmed")
+        failed = watching.exception()
+        if failed is not None:
+            if not isinstance(failed, RedisConnectionError):
+                return f"a watch behind {what} raised {failed!r}"
+            # Its SUBSCRIBE went out on the broken connection: as a lock's wait
+            # does, stop watching, poll, and watch again at a later wait.
+            await doorbell.unwatch(second, ring)
+            await until(partial(_watched, doorbell, second, ring), "a later watch succeeded")
+        await until(
+            lambda: all(doorbell.steady_since(c) is not None for c in (first, second)),
+            "both channels were subscribed again on a live connection",
+        )
         for channel in (first, second):
             await admin.publish(channel, f"{channel[-5:]} 5 7 1000 call 0 " + "a" * 40)
         await until(lambda: len(rung) == 2, "both channels were rung")
@@ -520,6 +534,16 @@ async def watch_through_a_lost_handshake(
     finally:
         await doorbell.aclose()
         await client.aclose()
+
+
+async def _watched(doorbell: Doorbell, channel: str, ring: Ring) -> bool:
+    """Whether ``doorbell`` watches ``channel`` now; a watch that fails is
+    undone, as a lock's wait undoes it."""
+    try:
+        return await doorbell.watch(channel, ring)
+    except RedisConnectionError:
+        await doorbell.unwatch(channel, ring)
+        return False
 
 
 async def _hold_alone(client: Redis, proxy: FaultProxy, *, current_only: bool) -> bool:
