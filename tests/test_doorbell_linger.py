@@ -17,7 +17,6 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from tests.support.proxy import (
     FaultProxy,
     hold_the_subscription_only,
     lose_the_reconnection_handshake,
+    taken_for_dead,
     watch_through_a_lost_handshake,
 )
 
@@ -653,10 +653,10 @@ async def test_a_slow_link_is_not_taken_for_a_dead_one_by_the_idle_probe(
     await until(lambda: _channel_count(aredis, "slow-link"), "the waiter subscribed", pause_s=0.01)
     proxy.delay("down", 700)
     before = await _subscribes(aredis)
-    accepted = proxy.accepted
+    taken = taken_for_dead(hub_for(client).doorbell)
     await asyncio.sleep(6.0)  # the span measured, not a synchronisation
     assert await _subscribes(aredis) - before >= 2, "no idle probe was sent"
-    assert proxy.accepted == accepted, "the slow subscription was rebuilt"
+    assert taken == [], f"the slow subscription was taken for dead: {taken}"
     await holder.release(lease)
     await FifoLock(client, "slow-link", **SETTINGS).release(await waiting)
     await client.aclose()
@@ -681,11 +681,16 @@ async def test_a_watched_subscription_gone_half_open_is_probed_and_rebuilt(
     proxy = fault_proxy(redis_url)
     client = Redis.from_url(proxy.url, **client_options)
     holder = FifoLock(aredis, "half-open-watched", **settings)
-    took = await _wait_once(
-        holder,
-        FifoLock(client, "half-open-watched", **settings),
-        before_release=partial(hold_the_subscription_only, client, proxy),
-    )
+    waiter = FifoLock(client, "half-open-watched", **settings)
+
+    async def confirmed_then_half_open() -> None:
+        # Queued before its group's SUBSCRIBE is even sent, on a slow machine.
+        channel = waiter.keys.doorbell_of(hub_for(client).session_for(waiter.settings))
+        doorbell = hub_for(client).doorbell
+        await until(lambda: doorbell.steady_since(channel), "the waiter's channel was confirmed")
+        await hold_the_subscription_only(client, proxy)
+
+    took = await _wait_once(holder, waiter, before_release=confirmed_then_half_open)
     bound = IDLE_PROBE_S + IDLE_PROBE_TIMEOUT_S + 2.0
     assert took < bound, f"served {took:.2f} s after the release (bound {bound:g} s)"
     await client.aclose()

@@ -53,7 +53,7 @@ from redis_fifo_lock.doorbell import (
     PROBE_TIMEOUT_S,
 )
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S
-from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S
+from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, hub_for
 from tests.adversarial.actors import Plan
 from tests.adversarial.arena import Arena
 from tests.adversarial.clients import StagedRedis
@@ -64,6 +64,7 @@ from tests.support.proxy import (
     FaultProxy,
     hold_the_subscription_only,
     lose_the_reconnection_handshake,
+    taken_for_dead,
     watch_through_a_lost_handshake,
 )
 from tests.support.record import read_lines
@@ -678,12 +679,12 @@ async def slow_link_quiet_subscription(ctx: Context) -> Outcome:
 
     async def quiet_and_slow(client: Redis, admin: Redis, proxy: FaultProxy) -> None:
         proxy.delay("down", 700)
-        accepted = proxy.accepted
+        taken = taken_for_dead(hub_for(client).doorbell)
         await asyncio.sleep(2 * IDLE_PROBE_S + 1.0)  # the span under test
-        if proxy.accepted != accepted:
+        if taken:
             problems.append(
-                f"{proxy.accepted - accepted} new connection(s) in two quiet periods: the "
-                "slow subscription was taken for dead and rebuilt"
+                f"the slow subscription was taken for dead {len(taken)} time(s) in two quiet "
+                f"periods ({taken[0]} unanswered)"
             )
 
     took = await _rung_behind_a_fault(ctx, "slow-link", {}, quiet_and_slow)
