@@ -8,8 +8,9 @@ can write to Redis can write anything there.
 
 Integrations say what the caller is with ``describing()``; the core adds the
 host and process id when a request is sent. Descriptions are bounded
-(``MAX_HOLDER_BYTES``) and stripped of control characters, so a request path
-or task name cannot bloat Redis or garble a terminal.
+(``MAX_HOLDER_BYTES``) and stripped of control characters and line
+separators, so a request path or task name cannot bloat Redis or garble a
+terminal or a log.
 """
 
 from __future__ import annotations
@@ -28,13 +29,22 @@ MAX_HOLDER_BYTES = 256
 _caller: ContextVar[str] = ContextVar("fifolock_holder", default="")
 
 
+def _breaks_lines(ch: str) -> bool:
+    """Whether ``ch`` may garble a line it is shown in: a control character
+    (category C*), or a line or paragraph separator (Zl, Zp)."""
+    category = unicodedata.category(ch)
+    return category[0] == "C" or category in ("Zl", "Zp")
+
+
 def bounded(text: str, limit: int = MAX_HOLDER_BYTES) -> str:
-    """``text`` with control characters (line breaks, escapes...) replaced by a
-    space and cut to at most ``limit`` bytes of UTF-8 (int, default
-    ``MAX_HOLDER_BYTES``) on a character boundary; an ellipsis marks a cut."""
+    """``text`` with control characters (line breaks, escapes...) and Unicode's
+    line and paragraph separators (U+2028, U+2029: lines to ``splitlines`` and
+    to many log viewers) replaced by a space, and cut to at most ``limit``
+    bytes of UTF-8 (int, default ``MAX_HOLDER_BYTES``) on a character
+    boundary; an ellipsis marks a cut."""
     if text.isascii() and text.isprintable() and len(text) <= limit:
         return text  # printable ASCII holds no control character: the common case
-    clean = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+    clean = "".join(" " if _breaks_lines(ch) else ch for ch in text)
     data = clean.encode("utf-8")
     if len(data) <= limit:
         return clean

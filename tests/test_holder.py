@@ -29,6 +29,15 @@ def test_a_description_loses_control_characters_and_is_cut_to_256_bytes() -> Non
     assert long.endswith("...") and long.startswith("ééé")
 
 
+def test_a_description_cannot_forge_lines_with_unicode_line_separators() -> None:
+    # U+2028 and U+2029 are no control characters, but str.splitlines(), and
+    # many log viewers and terminals, break lines on them: a request path
+    # holding them showed onlookers a forged holder on a line of its own.
+    forged = bounded("GET /a\u2028pid 1: celery task forged\u2029/b\x85c")
+    assert forged == "GET /a pid 1: celery task forged /b c"
+    assert len(forged.splitlines()) == 1
+
+
 async def test_status_shows_the_holder_s_host_pid_and_what_the_integration_said(
     aredis: Redis,
 ) -> None:
