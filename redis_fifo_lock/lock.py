@@ -428,7 +428,7 @@ class FifoLock:
 
         async def send() -> tuple[Grant | None, int, int, int]:
             if not requeue:
-                await hub.reclaim(self.keys, waiter.token)
+                hub.reclaim(self.keys, waiter.token)
                 await hub.check_eviction_policy(self.name)
             return await group.enqueue(waiter)
 

@@ -481,7 +481,11 @@ class _Withdrawal:
     call: str
     done: asyncio.Future[None]
     failures: int = 0
-    sending: bool = False
+    attempt: asyncio.Task[int] | None = None
+    """The call sending it, while one is on its way."""
+    retried: bool = False
+    """A retry of the token took the request over (see ``Hub.reclaim``): it is
+    not sent again."""
 
 
 def _settle(withdrawal: _Withdrawal) -> None:
@@ -625,27 +629,30 @@ class Hub:
             self._withdrawer = self.loop.create_task(self._withdraw_pending())
         return done
 
-    async def reclaim(self, keys: LockKeys, token: str) -> None:
-        """``token`` is asked for again (a retry after ``RedisUnavailable``): a
-        withdrawal of its request not yet sent is dropped, so the new call takes
-        the request over (and keeps its place); one already sent is waited for,
-        so that the new acquire reaches Redis after it. (A withdrawal still
-        unanswered after that names the call it withdraws, and leaves the
-        request alone once the new call took it over.)"""
+    def reclaim(self, keys: LockKeys, token: str) -> None:
+        """``token`` is asked for again (a retry after ``RedisUnavailable``): its
+        withdrawals are given up, so that the new call takes the request over
+        and keeps its place. One not yet sent is dropped; one on its way is cut
+        short and never sent again, by the lock or by redis-py's retries, and
+        the retry does not wait for it: if it reached Redis before the retry
+        does, the request was withdrawn and the retry queues again at the back;
+        if after, it names the call it withdraws and leaves alone the request
+        the new call took over. Waiting for it instead made the first outcome
+        certain."""
         if not self._withdrawals:
             return
-        waits = []
         for key, pending in list(self._withdrawals.items()):
             if key[0] != keys or key[1] != token:
                 continue
-            if not pending.sending:
+            if pending.attempt is None:
                 del self._withdrawals[key]
                 call_ids().leave(keys, pending.call)
                 pending.done.cancel()
             else:
-                waits.append(pending.done)
-        if waits:
-            await asyncio.wait(waits, timeout=WITHDRAW_TRY_S)
+                # Its call stays counted in flight until the attempt has ended
+                # (``_withdraw_pending`` settles it then).
+                pending.retried = True
+                pending.attempt.cancel()
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
@@ -678,9 +685,8 @@ class Hub:
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
         key = (group.keys, withdrawal.token, withdrawal.call)
-        if self._withdrawals.get(key) is not withdrawal:
+        if self._withdrawals.get(key) is not withdrawal or withdrawal.retried:
             return True  # taken over by a retry of the same token meanwhile
-        withdrawal.sending = True
 
         async def send(client: AsyncClient) -> int:
             # Bounded once it has a slot: waiting for one is not a failure.
@@ -698,13 +704,26 @@ class Hub:
                 WITHDRAW_TRY_S,
             )
 
+        attempt = self.loop.create_task(self.run(self.calls, send))
+        withdrawal.attempt = attempt
         try:
-            outcome = await self.run(self.calls, send)
+            await asyncio.wait({attempt})
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        finally:
+            withdrawal.attempt = None
+        if withdrawal.retried:
+            if not attempt.cancelled():
+                attempt.exception()  # retrieved: nobody waits for its outcome now
+            return True
+        if attempt.cancelled():
+            return False  # cancelled by the loop's shutdown: tried again (see finish)
+        try:
+            outcome = attempt.result()
         except ClientDropped:
-            withdrawal.sending = False
             return False  # _withdraw_pending drops them all, saying so
         except RedisUnavailable as exc:
-            withdrawal.sending = False
             if isinstance(exc.cause, NoPermissionError):
                 # Refused, not unreachable (an ACL without a command the script
                 # needs): trying again cannot help; the request is skipped once
@@ -728,7 +747,6 @@ class Hub:
             )
             return False
         except asyncio.TimeoutError:
-            withdrawal.sending = False
             withdrawal.failures += 1
             log.log(
                 logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,

@@ -17,6 +17,7 @@ users have them: the bound must come from the lock, not from the client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -38,6 +39,7 @@ from redis.backoff import NoBackoff
 
 from redis_fifo_lock import (
     FifoLock,
+    Lease,
     LockError,
     LockTimeout,
     LoopClients,
@@ -153,6 +155,12 @@ async def _queued(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:
     return await admin.zscore(keys.key("queue"), token) is not None
 
 
+async def _queued_call(admin: AsyncRedis, keys: LockKeys, token: str) -> str | None:
+    """The acquire call that ``token``'s queued request answers to, or None."""
+    record = await admin.hget(keys.key("waiters"), token)
+    return None if record is None else str(record.decode().split(" ")[3])
+
+
 async def _true() -> bool:
     return True
 
@@ -189,6 +197,88 @@ async def test_requests_abandoned_by_an_outage_are_withdrawn_once_redis_answers_
         f"the next waiter got the free lock {took:.1f} s after its release (lease_ms 7000): "
         "the three requests abandoned by the outage were granted to nobody"
     )
+
+
+async def test_a_retry_during_an_outage_keeps_its_place_though_its_withdrawal_was_on_its_way(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``acquire`` raised ``RedisUnavailable`` and the lock set out to withdraw
+    the request; the caller retries with the same token while Redis still does
+    not answer, and so before the withdrawal could land. The retry takes the
+    request over and keeps its place: the withdrawal that was on its way is
+    not sent again (by the lock, or by redis-py on a new connection) once the
+    retry exists, and the retry does not wait for it (found by an outside
+    attack: the retry waited, the withdrawal was re-sent as the outage ended,
+    and the retry queued again at the back, behind a later caller)."""
+    settings = {"lease_ms": 30_000, "poll_ms": 10_000}
+    proxy = fault_proxy(redis_url)
+    # redis-py's retries on, as users have them: it re-sends a call whose
+    # connection was cut, on a new one.
+    client = clients(proxy.url, socket_timeout=1.0)
+    lock = FifoLock(client, "retried-in-outage", **settings)
+    holder = FifoLock(clients(redis_url), "retried-in-outage", **settings)
+    later = FifoLock(clients(redis_url), "retried-in-outage", **settings)
+    await warm_up(lock)
+    lease_h = await holder.acquire(timeout=5)
+    keys = lock.keys
+
+    proxy.hold("down")  # the acquire reaches Redis; no reply comes back
+    first = asyncio.create_task(lock.acquire(timeout=30, token="b"))
+    await until(lambda: _queued(aredis, keys, "b"), "b queued")
+    ticket = await aredis.zscore(keys.key("queue"), "b")
+    first_call = await _queued_call(aredis, keys, "b")
+    proxy.hold("up")  # nothing sent from now on reaches Redis: the withdrawal hangs
+    with pytest.raises(RedisUnavailable):
+        await first
+    hub = hub_for(client)
+    await until(
+        lambda: any(w.attempt for w in hub._withdrawals.values()), "the withdrawal on its way"
+    )
+    behind = asyncio.create_task(later.acquire(timeout=60, token="c"))
+    await until(lambda: _queued(aredis, keys, "c"), "c queued behind b")
+
+    retrying = asyncio.Event()
+    reclaim = type(hub).reclaim
+
+    def reclaim_noted(self: Any, keys: LockKeys, token: str) -> None:
+        if token == "b":
+            retrying.set()
+        reclaim(self, keys, token)
+
+    monkeypatch.setattr(type(hub), "reclaim", reclaim_noted)
+
+    async def retried_until_granted() -> Lease:
+        # As the error asks: again with the same token, while Redis fails.
+        for _ in range(20):
+            with contextlib.suppress(RedisUnavailable):
+                return await lock.acquire(timeout=60, token="b")
+        raise AssertionError("b's retries never reached Redis")
+
+    retry = asyncio.create_task(retried_until_granted())
+    await retrying.wait()
+    await asyncio.sleep(0)  # the retry went on past reclaim's first step
+    # Redis answers again: whatever was held is lost, every connection cut.
+    proxy.release("up", deliver=False)
+    proxy.release("down", deliver=False)
+    proxy.reset()
+
+    async def retried() -> bool:
+        return await _queued_call(aredis, keys, "b") not in (None, first_call)
+
+    await until(retried, "b's retry at Redis")
+    assert await aredis.zscore(keys.key("queue"), "b") == ticket, (
+        "the retry queued b again with a new ticket: the withdrawal that was on its way "
+        "when the caller retried landed first, and b lost its place to c"
+    )
+    await holder.release(lease_h)
+    lease_b = await asyncio.wait_for(retry, 20)
+    assert not behind.done(), "c, queued after b, was granted the lock before it"
+    await lock.release(lease_b)
+    await later.release(await asyncio.wait_for(behind, 20))
 
 
 # --- item 4 --------------------------------------------------------------------------------
