@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from redis.connection import parse_url
+
 SCHEMES = ("redis", "rediss", "unix")
 """URL schemes a lock connects with (as redis-py's ``from_url``): plain, TLS, Unix socket."""
 
@@ -90,8 +92,9 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
 
     Raises:
         TypeError: ``url`` is not a ``str``.
-        ValueError: its scheme is not one of ``schemes`` (the message shows the
-            URL with its password masked).
+        ValueError: its scheme is not one of ``schemes``, or redis-py cannot
+            parse it (a port that is not a number, a database that is not an
+            integer...); the message shows the URL with its password masked.
     """
     if not isinstance(url, str):
         raise TypeError(f"{argument} must be a str (a Redis URL), got {type(url).__name__}")
@@ -103,7 +106,26 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
             f"{argument} {masked_url(url)!r} is not a URL the lock can connect with: it must "
             f"start with {accepted} (for example redis://localhost:6379/0)"
         )
+    if scheme in SCHEMES:
+        try:
+            # redis-py's own parser (untyped), given the scheme in lower case as it wants.
+            parse_url(scheme + url[len(scheme) :])  # type: ignore[no-untyped-call]
+        except ValueError as exc:
+            raise ValueError(
+                f"{argument} {masked_url(url)!r} is not a URL the lock can connect with: "
+                f"{_unsecret(str(exc), url)[:SHOWN_URL_CHARS]}"
+            ) from None
     return url
+
+
+def _unsecret(text: str, url: str) -> str:
+    """``text`` (redis-py's reason for refusing ``url``) with ``url``'s password,
+    if it quotes it, shown as ``***``."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return text
+    return text.replace(password, MASK) if password else text
 
 
 def node_address(url: object, argument: str) -> tuple[str, int]:

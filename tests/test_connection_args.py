@@ -31,6 +31,28 @@ def test_an_unsupported_url_is_refused_when_the_lock_is_built(url: str) -> None:
         LoopClients(url)
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis://u:s3cret@h:notaport/0", "Port could not be cast"),
+        ("redis://u:s3cret@h:99999/0", "Port out of range"),
+        ("redis://u:s3cret@[::1/0", "Invalid IPv6 URL"),
+        ("redis://u:s3cret@h:6379/0?db=x", "Invalid value for .db."),
+    ],
+)
+def test_a_malformed_url_is_refused_when_the_lock_is_built_naming_the_setting(
+    url: str, reason: str
+) -> None:
+    # Before, redis-py's own error surfaced from the constructor, naming
+    # neither the setting nor the URL (or, from a Django or Celery setting,
+    # at the first acquire).
+    with pytest.raises(ValueError, match=rf"^connection '.*' is not a URL .*{reason}") as refused:
+        SyncFifoLock(url, "jobs")
+    assert "s3cret" not in str(refused.value)
+    with pytest.raises(ValueError, match=rf"^url .*{reason}"):
+        LoopClients(url)
+
+
 def test_loop_clients_refuse_wrong_types_and_schemes() -> None:
     with pytest.raises(TypeError, match="url must be a str"):
         LoopClients(6379)  # type: ignore[arg-type]
