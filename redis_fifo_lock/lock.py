@@ -439,8 +439,14 @@ class FifoLock:
         try:
             try:
                 grant, ticket, holder_fence, holder_pttl_ms = await _within(send(), deadline)
+            except BaseException:
+                if not requeue:
+                    hub.retry_ended(self.keys, waiter.token, answered=False)
+                raise
             finally:
                 call_ids().leave(self.keys, waiter.call)
+            if not requeue:
+                hub.retry_ended(self.keys, waiter.token, answered=True)
         except NotReplicated:
             # Granted, but a failover could lose the grant: give it back.
             await self._give_up(hub, group, waiter)

@@ -483,9 +483,9 @@ class _Withdrawal:
     failures: int = 0
     attempt: asyncio.Task[int] | None = None
     """The call sending it, while one is on its way."""
-    retried: bool = False
-    """A retry of the token took the request over (see ``Hub.reclaim``): it is
-    not sent again."""
+    suspended: bool = False
+    """A retry of the token is on its way (see ``Hub.reclaim``): not sent until
+    it has a reply (then dropped) or fails (then sent again)."""
 
 
 def _settle(withdrawal: _Withdrawal) -> None:
@@ -631,28 +631,35 @@ class Hub:
 
     def reclaim(self, keys: LockKeys, token: str) -> None:
         """``token`` is asked for again (a retry after ``RedisUnavailable``): its
-        withdrawals are given up, so that the new call takes the request over
-        and keeps its place. One not yet sent is dropped; one on its way is cut
-        short and never sent again, by the lock or by redis-py's retries, and
-        the retry does not wait for it: if it reached Redis before the retry
-        does, the request was withdrawn and the retry queues again at the back;
-        if after, it names the call it withdraws and leaves alone the request
-        the new call took over. Waiting for it instead made the first outcome
-        certain."""
-        if not self._withdrawals:
-            return
+        withdrawals are held back, so that the new call takes the request over
+        and keeps its place. One on its way is cut short (neither the lock nor
+        redis-py's retries send it again), and the retry does not wait for it:
+        if it reached Redis before the retry does, the request was withdrawn
+        and the retry queues again at the back; if after, it names the call it
+        withdraws and leaves alone the request the new call took over. Waiting
+        for it instead made the first outcome certain. ``retry_ended`` says
+        what becomes of them."""
+        for key, pending in self._withdrawals.items():
+            if key[0] == keys and key[1] == token:
+                pending.suspended = True
+                if pending.attempt is not None:
+                    pending.attempt.cancel()
+
+    def retry_ended(self, keys: LockKeys, token: str, *, answered: bool) -> None:
+        """The retry of ``token`` that ``reclaim`` held its withdrawals back for
+        has ended: with Redis's reply (``answered``: the new call took the
+        request over, so they are dropped), or without one (it may never have
+        reached Redis: they are sent again, or the first request would be left
+        queued, or its grant held, with nobody waiting for it)."""
         for key, pending in list(self._withdrawals.items()):
-            if key[0] != keys or key[1] != token:
+            if key[0] != keys or key[1] != token or not pending.suspended:
                 continue
-            if pending.attempt is None:
+            if answered:
                 del self._withdrawals[key]
                 call_ids().leave(keys, pending.call)
                 pending.done.cancel()
             else:
-                # Its call stays counted in flight until the attempt has ended
-                # (``_withdraw_pending`` settles it then).
-                pending.retried = True
-                pending.attempt.cancel()
+                pending.suspended = False
 
     async def _withdraw_pending(self) -> None:
         while self._withdrawals:
@@ -685,8 +692,10 @@ class Hub:
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
         key = (group.keys, withdrawal.token, withdrawal.call)
-        if self._withdrawals.get(key) is not withdrawal or withdrawal.retried:
+        if self._withdrawals.get(key) is not withdrawal:
             return True  # taken over by a retry of the same token meanwhile
+        if withdrawal.suspended:
+            return False  # a retry of the token is on its way: not yet
 
         async def send(client: AsyncClient) -> int:
             # Bounded once it has a slot: waiting for one is not a failure.
@@ -713,12 +722,10 @@ class Hub:
             raise
         finally:
             withdrawal.attempt = None
-        if withdrawal.retried:
-            if not attempt.cancelled():
-                attempt.exception()  # retrieved: nobody waits for its outcome now
-            return True
         if attempt.cancelled():
-            return False  # cancelled by the loop's shutdown: tried again (see finish)
+            # Cut short by a retry of the token (see reclaim), or by the loop's
+            # shutdown (then tried again, see finish).
+            return False
         try:
             outcome = attempt.result()
         except ClientDropped:

@@ -161,6 +161,10 @@ async def _queued_call(admin: AsyncRedis, keys: LockKeys, token: str) -> str | N
     return None if record is None else str(record.decode().split(" ")[3])
 
 
+async def _not_queued(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:
+    return not await _queued(admin, keys, token)
+
+
 async def _true() -> bool:
     return True
 
@@ -279,6 +283,62 @@ async def test_a_retry_during_an_outage_keeps_its_place_though_its_withdrawal_wa
     assert not behind.done(), "c, queued after b, was granted the lock before it"
     await lock.release(lease_b)
     await later.release(await asyncio.wait_for(behind, 20))
+
+
+@pytest.mark.parametrize("retry_ends", ["unavailable", "cancelled"])
+async def test_a_retry_that_never_reaches_redis_leaves_the_first_request_to_its_withdrawal(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    retry_ends: str,
+) -> None:
+    """The retry holds back the withdrawal of the request it takes over; if the
+    retry ends without a reply (it failed too, or was cancelled), the
+    withdrawal is sent after all, once Redis answers: otherwise the first
+    request stayed queued with nobody waiting for it, and the lock stalled
+    for a whole lease when its turn came (found by an outside attack on the
+    change that stopped the retry waiting for the withdrawal)."""
+    settings = {"lease_ms": 30_000, "poll_ms": 10_000}
+    proxy = fault_proxy(redis_url)
+    client = clients(proxy.url, **no_retries())
+    lock = FifoLock(client, "retry-never-arrives", **settings)
+    holder = FifoLock(clients(redis_url), "retry-never-arrives", **settings)
+    await warm_up(lock)
+    lease_h = await holder.acquire(timeout=5)
+    keys = lock.keys
+
+    proxy.hold("down")  # the acquire reaches Redis; no reply comes back
+    first = asyncio.create_task(lock.acquire(timeout=30, token="b"))
+    await until(lambda: _queued(aredis, keys, "b"), "b queued")
+    proxy.hold("up")  # nothing sent from now on reaches Redis
+    with pytest.raises(RedisUnavailable):
+        await first
+    hub = hub_for(client)
+    await until(
+        lambda: any(w.attempt for w in hub._withdrawals.values()), "the withdrawal on its way"
+    )
+    retry = asyncio.create_task(lock.acquire(timeout=30, token="b"))
+    await until(lambda: all(w.suspended for w in hub._withdrawals.values()), "the retry began")
+    if retry_ends == "cancelled":
+        retry.cancel()
+    with pytest.raises((RedisUnavailable, asyncio.CancelledError)):
+        await retry
+    # Redis answers again: whatever was held is lost, every connection cut.
+    proxy.release("up", deliver=False)
+    proxy.release("down", deliver=False)
+    proxy.reset()
+    await until(lambda: _not_queued(aredis, keys, "b"), "b withdrawn once Redis answers")
+    took = await handoff_time(
+        aredis,
+        holder,
+        lease_h,
+        FifoLock(clients(redis_url), "retry-never-arrives", **settings),
+        "later",
+    )
+    assert took < HANDOFF_BOUND_S, (
+        f"the next waiter got the free lock {took:.1f} s after its release (lease_ms 30000)"
+    )
 
 
 # --- item 4 --------------------------------------------------------------------------------
