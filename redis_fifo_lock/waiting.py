@@ -632,9 +632,10 @@ class Hub:
     def reclaim(self, keys: LockKeys, token: str) -> None:
         """``token`` is asked for again (a retry after ``RedisUnavailable``): its
         withdrawals are held back, so that the new call takes the request over
-        and keeps its place. One on its way is cut short (neither the lock nor
-        redis-py's retries send it again), and the retry does not wait for it:
-        if it reached Redis before the retry does, the request was withdrawn
+        and keeps its place. One on its way is cut short (so that neither the
+        lock nor redis-py's retries send it again while the retry is on its
+        way), and the retry does not wait for it: if it reached Redis before
+        the retry does, the request was withdrawn
         and the retry queues again at the back; if after, it names the call it
         withdraws and leaves alone the request the new call took over. Waiting
         for it instead made the first outcome certain. ``retry_ended`` says

@@ -161,6 +161,26 @@ async def _queued_call(admin: AsyncRedis, keys: LockKeys, token: str) -> str | N
     return None if record is None else str(record.decode().split(" ")[3])
 
 
+async def _lost_with_its_withdrawal_on_its_way(
+    proxy: Any, admin: AsyncRedis, lock: FifoLock, token: str
+) -> Any:
+    """``lock.acquire(token=token)`` through ``proxy`` reaches Redis, whose reply
+    never comes (``RedisUnavailable``), and nothing sent from then on reaches
+    Redis. Returns the lock's hub once the withdrawal of that request is on
+    its way (held by the proxy)."""
+    proxy.hold("down")
+    first = asyncio.create_task(lock.acquire(timeout=30, token=token))
+    await until(lambda: _queued(admin, lock.keys, token), f"{token} queued")
+    proxy.hold("up")
+    with pytest.raises(RedisUnavailable):
+        await first
+    hub = hub_for(lock.client)
+    await until(
+        lambda: any(w.attempt for w in hub._withdrawals.values()), "the withdrawal on its way"
+    )
+    return hub
+
+
 async def _not_queued(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:
     return not await _queued(admin, keys, token)
 
@@ -214,14 +234,12 @@ async def test_a_retry_during_an_outage_keeps_its_place_though_its_withdrawal_wa
     the request; the caller retries with the same token while Redis still does
     not answer, and so before the withdrawal could land. The retry takes the
     request over and keeps its place: the withdrawal that was on its way is
-    not sent again (by the lock, or by redis-py on a new connection) once the
-    retry exists, and the retry does not wait for it (found by an outside
-    attack: the retry waited, the withdrawal was re-sent as the outage ended,
-    and the retry queued again at the back, behind a later caller)."""
+    cut short and held back while the retry is on its way, and the retry does
+    not wait for it (found by an outside attack: the retry waited, the
+    withdrawal was re-sent as the outage ended, and the retry queued again at
+    the back, behind a later caller)."""
     settings = {"lease_ms": 30_000, "poll_ms": 10_000}
     proxy = fault_proxy(redis_url)
-    # redis-py's retries on, as users have them: it re-sends a call whose
-    # connection was cut, on a new one.
     client = clients(proxy.url, socket_timeout=1.0)
     lock = FifoLock(client, "retried-in-outage", **settings)
     holder = FifoLock(clients(redis_url), "retried-in-outage", **settings)
@@ -230,18 +248,9 @@ async def test_a_retry_during_an_outage_keeps_its_place_though_its_withdrawal_wa
     lease_h = await holder.acquire(timeout=5)
     keys = lock.keys
 
-    proxy.hold("down")  # the acquire reaches Redis; no reply comes back
-    first = asyncio.create_task(lock.acquire(timeout=30, token="b"))
-    await until(lambda: _queued(aredis, keys, "b"), "b queued")
+    hub = await _lost_with_its_withdrawal_on_its_way(proxy, aredis, lock, "b")
     ticket = await aredis.zscore(keys.key("queue"), "b")
     first_call = await _queued_call(aredis, keys, "b")
-    proxy.hold("up")  # nothing sent from now on reaches Redis: the withdrawal hangs
-    with pytest.raises(RedisUnavailable):
-        await first
-    hub = hub_for(client)
-    await until(
-        lambda: any(w.attempt for w in hub._withdrawals.values()), "the withdrawal on its way"
-    )
     behind = asyncio.create_task(later.acquire(timeout=60, token="c"))
     await until(lambda: _queued(aredis, keys, "c"), "c queued behind b")
 
@@ -308,16 +317,7 @@ async def test_a_retry_that_never_reaches_redis_leaves_the_first_request_to_its_
     lease_h = await holder.acquire(timeout=5)
     keys = lock.keys
 
-    proxy.hold("down")  # the acquire reaches Redis; no reply comes back
-    first = asyncio.create_task(lock.acquire(timeout=30, token="b"))
-    await until(lambda: _queued(aredis, keys, "b"), "b queued")
-    proxy.hold("up")  # nothing sent from now on reaches Redis
-    with pytest.raises(RedisUnavailable):
-        await first
-    hub = hub_for(client)
-    await until(
-        lambda: any(w.attempt for w in hub._withdrawals.values()), "the withdrawal on its way"
-    )
+    hub = await _lost_with_its_withdrawal_on_its_way(proxy, aredis, lock, "b")
     retry = asyncio.create_task(lock.acquire(timeout=30, token="b"))
     await until(lambda: all(w.suspended for w in hub._withdrawals.values()), "the retry began")
     if retry_ends == "cancelled":
