@@ -33,14 +33,15 @@ def check_location(location: object) -> None:
             (another scheme). The message never shows a password.
     """
     try:
-        urls: Sequence[object] = (
-            location
-            if isinstance(location, (list, tuple))
-            else re.split("[;,]", check_url(location, "LOCATION"))
-        )
+        if isinstance(location, (list, tuple)):
+            urls: Sequence[object] = [url for url in location if url != ""]
+        elif isinstance(location, str):
+            # Each URL on its own: the whole text does not parse as one.
+            urls = [url for url in re.split("[;,]", location) if url != ""] or [location]
+        else:
+            urls = [location]  # the core refuses it, naming its type
         for url in urls:
-            if url != "":
-                check_url(url.strip() if isinstance(url, str) else url, "LOCATION")
+            check_url(url.strip() if isinstance(url, str) else url, "LOCATION")
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"a cache with fifo_lock(): {exc}") from exc
 

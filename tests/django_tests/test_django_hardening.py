@@ -85,6 +85,7 @@ def test_an_invisible_character_in_a_name_is_refused_by_code_point(any_backend: 
         (f"http://:{SECRET}@cache.example:6379/0", ValueError),
         ("cache.example:6379", ValueError),
         (6379, TypeError),
+        (f"redis://:{SECRET}@primary:6379/0,redis://replica:notaport/0", ValueError),
     ],
 )
 def test_a_location_the_lock_cannot_use_is_refused_when_the_backend_is_built(
@@ -101,6 +102,14 @@ def test_a_location_the_lock_cannot_use_is_refused_when_the_backend_is_built(
 
 @pytest.mark.parametrize("backend", project.BACKENDS)
 def test_supported_locations_still_build(backend: str, redis_url: str, redis: Redis) -> None:
-    for location in (redis_url, [redis_url], "rediss://tls.example:6380/0", "unix:///r.sock"):
+    for location in (
+        redis_url,
+        [redis_url],
+        "rediss://tls.example:6380/0",
+        "unix:///r.sock",
+        # A primary and its replicas (or cluster nodes), as the backends take them.
+        "redis://primary:6379,redis://replica:6380",
+        "redis://primary:6379;redis://replica:6380/0",
+    ):
         with override_settings(CACHES=caches_with(location, backend)):
             assert caches["default"] is not None
