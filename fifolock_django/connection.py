@@ -30,7 +30,8 @@ def check_location(location: object) -> None:
     Raises:
         ImproperlyConfigured: naming ``LOCATION``, whose ``__cause__`` is the
             core's ``TypeError`` (not a str or list of str) or ``ValueError``
-            (another scheme). The message never shows a password.
+            (another scheme, or a URL redis-py cannot parse). The message never
+            shows a password.
     """
     try:
         if isinstance(location, (list, tuple)):

@@ -652,6 +652,8 @@ class Hub:
         request over, so they are dropped), or without one (it may never have
         reached Redis: they are sent again, or the first request would be left
         queued, or its grant held, with nobody waiting for it)."""
+        if not self._withdrawals:
+            return  # the rule on every acquire: nothing was held back
         for key, pending in list(self._withdrawals.items()):
             if key[0] != keys or key[1] != token or not pending.suspended:
                 continue
