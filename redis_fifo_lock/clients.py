@@ -22,7 +22,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel
 
-from .connection import check_url, masked_kwargs, masked_url, node_address
+from .connection import check_options, check_url, masked_kwargs, masked_url, node_address
 from .loops import close_client, contexts, loop_context
 from .protocol import CALL_TIMEOUT_S, AsyncClient
 
@@ -156,11 +156,15 @@ class LoopClients:
 
     Raises:
         TypeError: ``factory`` given together with ``url`` or connection kwargs,
-            none of the three given, ``url`` not a str or ``factory`` not callable.
+            none of the three given, ``url`` not a str, ``factory`` not
+            callable, an ``ssl_*`` option ``redis.asyncio`` does not take, or a
+            connection option (keyword or URL query parameter) no redis-py
+            connection takes (see ``redis_fifo_lock.connection.check_options``).
         ValueError: ``url`` is not a ``redis://``, ``rediss://`` or ``unix://``
-            URL (see ``redis_fifo_lock.connection.check_url``).
-            or an ``ssl_*`` option ``redis.asyncio`` does not take.
-        ValueError: ``ssl=False`` with other TLS options, or TLS on a unix socket.
+            URL redis-py can parse (see ``redis_fifo_lock.connection.check_url``),
+            ``ssl=False`` with other TLS options, TLS on a unix socket, or an
+            option value redis-py refuses (``protocol`` other than 2 or 3, an
+            unknown ``ssl_cert_reqs``).
 
     ``client()`` must be called on a running loop. The clients are kept in
     each loop's ``LoopContext`` (``redis_fifo_lock.loops``), per loop and
@@ -197,6 +201,8 @@ class LoopClients:
         """True when built by ``cluster()``: the clients are ``RedisCluster``."""
         self._factory = factory or self._plain
         self._options_known = factory is None
+        if factory is None:
+            check_options(self._plain(), url, connection_kwargs, "LoopClients")
 
     @classmethod
     def cluster(
@@ -333,7 +339,7 @@ class LoopClients:
             client = clients[self] = self._factory()
         return client
 
-    def _plain(self) -> AsyncClient:
+    def _plain(self) -> Redis:
         if self.url is not None:
             return Redis.from_url(self.url, **self._build_kwargs)
         return Redis(**self._build_kwargs)

@@ -1,7 +1,9 @@
 """Connection arguments: checked once when a lock or its clients are built, and
 shown without their secrets.
 
-``check_url`` is the one place that decides which URLs a lock can connect to;
+``check_url`` is the one place that decides which URLs a lock can connect to,
+and ``check_options`` has redis-py refuse, at once, the options of a plain
+server's client it would refuse only at its first command;
 ``LoopClients``, ``SyncFifoLock`` and the Celery and Django integrations call
 it, so a wrong type or scheme fails at construction, naming the setting, rather
 than at the first acquire. ``masked_url`` and ``masked_kwargs`` are what every
@@ -10,11 +12,14 @@ than at the first acquire. ``masked_url`` and ``masked_kwargs`` are what every
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from redis.asyncio import Redis
 from redis.connection import parse_url
+from redis.exceptions import RedisError
 
 SCHEMES = ("redis", "rediss", "unix")
 """URL schemes a lock connects with (as redis-py's ``from_url``): plain, TLS, Unix socket."""
@@ -113,19 +118,53 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
         except ValueError as exc:
             raise ValueError(
                 f"{argument} {masked_url(url)!r} is not a URL the lock can connect with: "
-                f"{_unsecret(str(exc), url)[:SHOWN_URL_CHARS]}"
+                f"{_unsecret(str(exc), url, {})[:SHOWN_URL_CHARS]}"
             ) from None
     return url
 
 
-def _unsecret(text: str, url: str) -> str:
-    """``text`` (redis-py's reason for refusing ``url``) with ``url``'s password,
-    if it quotes it, shown as ``***``."""
+def check_options(client: Redis, url: str | None, kwargs: Mapping[str, Any], where: str) -> None:
+    """Build, never open, one connection of ``client``'s pool, as redis-py will at
+    the first command, so that an option it refuses fails now, naming ``where``.
+
+    Args:
+        client: a plain client built from ``url`` and ``kwargs``, not used yet.
+        url: the URL it was built from (str), or None; shown masked.
+        kwargs: the connection options it was built with; secrets never shown.
+        where: what to name in the message (str), e.g. ``"LoopClients"``.
+
+    Raises:
+        TypeError: an option no connection takes (a misspelt keyword, an unknown
+            URL query parameter).
+        ValueError: a value redis-py refuses (``protocol`` other than 2 or 3, an
+            unknown ``ssl_cert_reqs``...).
+    """
+    shown = masked_url(url) if url is not None else "the connection"
     try:
-        password = urlsplit(url).password
-    except ValueError:
-        return text
-    return text.replace(password, MASK) if password else text
+        client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    except TypeError as exc:
+        reason = _unsecret(str(exc), url, kwargs)[:SHOWN_URL_CHARS]
+        raise TypeError(
+            f"{where}: redis-py takes no such connection option for {shown!r} ({reason}); "
+            "check its spelling in the URL's query and the connection options"
+        ) from None
+    except (RedisError, ValueError) as exc:
+        reason = _unsecret(str(exc), url, kwargs)[:SHOWN_URL_CHARS]
+        raise ValueError(
+            f"{where}: redis-py refuses the connection options of {shown!r}: {reason}"
+        ) from None
+
+
+def _unsecret(text: str, url: str | None, kwargs: Mapping[str, Any]) -> str:
+    """``text`` (redis-py's reason for refusing ``url`` or ``kwargs``) with every
+    password or other secret it quotes shown as ``***``."""
+    secrets = [str(value) for key, value in kwargs.items() if is_secret(str(key)) and value]
+    with contextlib.suppress(ValueError):  # an unparsable URL quotes no password
+        secrets.append(urlsplit(url or "").password or "")
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, MASK)
+    return text
 
 
 def node_address(url: object, argument: str) -> tuple[str, int]:

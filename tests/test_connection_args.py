@@ -53,6 +53,30 @@ def test_a_malformed_url_is_refused_when_the_lock_is_built_naming_the_setting(
         LoopClients(url)
 
 
+@pytest.mark.parametrize(
+    ("url", "kwargs", "error", "reason"),
+    [
+        ("rediss://u:s3cret@h:6380/0?ssl_cert_reqs=bogus", {}, ValueError, "Certificate Req"),
+        ("redis://u:s3cret@h:6379/0?protocol=9", {}, ValueError, "protocol must be"),
+        ("redis://u:s3cret@h:6379/0?colour=blue", {}, TypeError, "'colour'"),
+        ("redis://h/0", {"sockettimeout": 1, "password": "s3cret"}, TypeError, "sockettimeout"),
+        ("unix:///run/r.sock", {"protocol": 4, "password": "s3cret"}, ValueError, "protocol"),
+    ],
+)
+def test_connection_options_redis_py_would_refuse_are_refused_when_the_lock_is_built(
+    url: str, kwargs: dict[str, object], error: type[Exception], reason: str
+) -> None:
+    # Before, each was taken at construction and refused by redis-py only at
+    # the first acquire, as a bare TypeError or a RedisError the caller would
+    # take for an outage.
+    with pytest.raises(error, match=rf"^LoopClients: .*{reason}") as refused:
+        LoopClients(url, **kwargs)
+    assert "s3cret" not in str(refused.value)
+    if not kwargs:
+        with pytest.raises(error, match=reason):
+            SyncFifoLock(url, "jobs")
+
+
 def test_loop_clients_refuse_wrong_types_and_schemes() -> None:
     with pytest.raises(TypeError, match="url must be a str"):
         LoopClients(6379)  # type: ignore[arg-type]
