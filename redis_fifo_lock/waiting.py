@@ -91,6 +91,15 @@ seconds (a poll that failed after one that was answered is tried again at once).
 WITHDRAW_TRY_S = 5.0
 """Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
 
+WITHDRAW_FAILURES_PER_ROUND = 8
+"""Most withdrawals that one round of retries (every ``RETRY_AFTER_ERROR_S``)
+sends in vain, plus one for each that Redis answers: a long outage costs a
+few connection attempts a second, not one per owed withdrawal (up to
+``MAX_WITHDRAWALS``), and once Redis answers a round goes on until every one
+was sent. Each round starts where the last one stopped, so that on a Redis
+Cluster with one node down the withdrawals owed to the others are not left
+behind those owed to it."""
+
 CLOSING_S = 1.0
 """Longest wait, in seconds, that a closing event loop gives the work the lock
 still owes Redis on it: releases and withdrawals (see ``Hub.finish``). A
@@ -527,6 +536,8 @@ class Hub:
         )
         self._withdrawals: dict[tuple[LockKeys, str, str], _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
+        # Where the next round of withdrawals starts (see WITHDRAW_FAILURES_PER_ROUND).
+        self._withdraw_from = 0
         self._duties: dict[object, tuple[Callable[[], Awaitable[object]], asyncio.Task[Any]]] = {}
 
     @property
@@ -602,9 +613,11 @@ class Hub:
         again until Redis answers.
 
         Returns a future that is done once Redis confirmed the withdrawal. The
-        withdrawal is kept (at most ``MAX_WITHDRAWALS``) and retried every
-        ``RETRY_AFTER_ERROR_S`` while Redis does not answer, so that a request
-        abandoned by an outage leaves the queue as soon as Redis is back.
+        withdrawal is kept (at most ``MAX_WITHDRAWALS``) and retried in rounds
+        every ``RETRY_AFTER_ERROR_S`` while Redis does not answer (a few of the
+        owed withdrawals a round, see ``WITHDRAW_FAILURES_PER_ROUND``), so that
+        a request abandoned by an outage leaves the queue as soon as Redis is
+        back.
         """
         key = (group.keys, token, call)
         pending = self._withdrawals.get(key)
@@ -669,14 +682,33 @@ class Hub:
             if self._client() is None:
                 self._drop_withdrawals()
                 return
-            batch = list(self._withdrawals.items())
-            results = await asyncio.gather(*(self._withdraw_one(w) for _, w in batch))
-            for (key, withdrawal), done in zip(batch, results, strict=True):
-                if done and self._withdrawals.get(key) is withdrawal:
-                    del self._withdrawals[key]
-                    _settle(withdrawal)
-            if not all(results) and self._client() is not None:
+            if not await self._withdraw_round() and self._client() is not None:
                 await asyncio.sleep(RETRY_AFTER_ERROR_S)
+
+    async def _withdraw_round(self) -> bool:
+        """Send the owed withdrawals, ``MAX_CONCURRENT_CALLS`` at a time, from where
+        the last round stopped, until ``WITHDRAW_FAILURES_PER_ROUND`` more of
+        them failed than Redis answered; True if every one was answered."""
+        owed = list(self._withdrawals.items())
+        start = self._withdraw_from % len(owed)
+        owed = owed[start:] + owed[:start]
+        allowed, sent, answered = WITHDRAW_FAILURES_PER_ROUND, 0, 0
+        while sent < len(owed) and allowed > 0:
+            batch = owed[sent : sent + MAX_CONCURRENT_CALLS]
+            results = await asyncio.gather(*(self._withdraw_one(w) for _, w in batch))
+            sent += len(batch)
+            for (key, withdrawal), done in zip(batch, results, strict=True):
+                if done:
+                    answered += 1
+                    allowed += 1
+                    if self._withdrawals.get(key) is withdrawal:
+                        del self._withdrawals[key]
+                        _settle(withdrawal)
+                elif not withdrawal.suspended:
+                    allowed -= 1
+        # The answered ones are gone: the next round starts at the first not sent.
+        self._withdraw_from = start + sent - answered
+        return answered == len(owed)
 
     def _drop_withdrawals(self) -> None:
         """The client was closed and dropped with withdrawals still owed: nothing

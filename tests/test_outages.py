@@ -52,7 +52,13 @@ from redis_fifo_lock.doorbell import LINGER_S
 from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
-from redis_fifo_lock.waiting import CLOSING_S, MAX_CONCURRENT_CALLS, hub_for
+from redis_fifo_lock.waiting import (
+    CLOSING_S,
+    MAX_CONCURRENT_CALLS,
+    RETRY_AFTER_ERROR_S,
+    WITHDRAW_FAILURES_PER_ROUND,
+    hub_for,
+)
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 
@@ -572,6 +578,59 @@ def test_a_hold_cancelled_at_shutdown_keeps_asyncio_run_at_most_two_closing_boun
         f"asyncio.run returned {took:.1f} s after main started ({silence.kind}): the "
         f"hold cancelled at shutdown waited for its release's retries (bound {bound:g} s)"
     )
+
+
+# --- many withdrawals owed through a long outage ------------------------------------------
+
+
+async def test_withdrawals_owed_through_a_long_outage_are_tried_at_a_bounded_rate(
+    redis_url: str, aredis: AsyncRedis, fault_proxy: FaultProxyFactory
+) -> None:
+    """Requests given up while Redis refuses every connection are owed
+    withdrawals, tried again every ``RETRY_AFTER_ERROR_S``. Before, each
+    round sent every one of them (up to ``MAX_WITHDRAWALS``): 2,000 owed kept
+    a process at 67 % of a CPU for as long as the outage lasted. A round now
+    stops after a few failures, and the withdrawals still all land, without
+    delay, once Redis answers again."""
+    owed = 300
+    proxy = fault_proxy(redis_url)
+    holder = FifoLock(aredis, "owed-many", lease_ms=30_000, poll_ms=1000)
+    lease = await holder.acquire(timeout=5)
+    client = AsyncRedis.from_url(proxy.url, **no_retries())
+    lock = FifoLock(client, "owed-many", lease_ms=30_000, poll_ms=1000)
+    tokens = [f"owed-{n}" for n in range(owed)]
+    waiters = [asyncio.create_task(lock.acquire(timeout=60, token=token)) for token in tokens]
+
+    async def all_queued() -> bool:
+        return bool(await aredis.zcard(holder.keys.key("queue")) == owed)
+
+    await until(all_queued, f"{owed} queued")
+    proxy.max_connections = 0  # every new connection refused: a fast failure
+    proxy.reset()
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    hub = hub_for(client)
+    await until(lambda: len(hub._withdrawals) == owed, "every withdrawal owed")
+    refused = proxy.refused
+    window_s = 4 * RETRY_AFTER_ERROR_S
+    await asyncio.sleep(window_s)  # a measurement window, not a synchronisation
+    tried = proxy.refused - refused
+    rounds = window_s / RETRY_AFTER_ERROR_S + 1
+    bound = rounds * (WITHDRAW_FAILURES_PER_ROUND + MAX_CONCURRENT_CALLS) + 20  # + the doorbell's
+    assert tried <= bound, (
+        f"{tried} connections tried in {window_s:g} s of outage for {owed} owed withdrawals "
+        f"(bound {bound:g}): each round sent them all"
+    )
+    proxy.max_connections = 256
+    started = time.monotonic()
+    await until(lambda: not hub._withdrawals, "every withdrawal answered", timeout_s=20)
+    took = time.monotonic() - started
+    left = {token.decode() for token in await aredis.zrange(holder.keys.key("queue"), 0, -1)}
+    assert not left & set(tokens), f"{len(left & set(tokens))} given-up requests still queued"
+    assert took < 5 * RETRY_AFTER_ERROR_S + 2, f"the owed withdrawals took {took:.1f} s to land"
+    await holder.release(lease)
+    await client.aclose()
 
 
 # --- a client dropped while the lock still owes Redis a withdrawal -------------------------
