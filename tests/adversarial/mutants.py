@@ -553,6 +553,22 @@ class LoopBoundHub(Hub):
         return  # the mutation: nothing is stopped
 
 
+class EveryWithdrawalEachRoundHub(Hub):
+    """MUTANT withdrawals-all-each-round: every round of retries sends every owed
+    withdrawal (up to ``MAX_WITHDRAWALS``) at once, however many fail: a long
+    outage costs a connection attempt per owed withdrawal twice a second, and
+    their tasks hold the lock's own calls up behind them."""
+
+    async def _withdraw_round(self) -> bool:
+        owed = list(self._withdrawals.items())
+        results = await asyncio.gather(*(self._withdraw_one(w) for _, w in owed))
+        for (key, withdrawal), done in zip(owed, results, strict=True):
+            if done and self._withdrawals.get(key) is withdrawal:
+                del self._withdrawals[key]
+                waiting_module._settle(withdrawal)
+        return all(results)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -736,6 +752,15 @@ MUTANTS: dict[str, Mutant] = {
                 (FifoLock._acquire, "except asyncio.CancelledError"),
                 (FifoLock._acquire, "self._give_up("),
                 (FifoLock._give_up, "hub.withdraw("),
+            ),
+        ),
+        Mutant(
+            "withdrawals-all-each-round",
+            "each round of retries while Redis is unreachable sends every owed withdrawal",
+            hub_class=EveryWithdrawalEachRoundHub,
+            requires=(
+                (Hub._withdraw_pending, "await self._withdraw_round()"),
+                (Hub._withdraw_round, "allowed > 0"),
             ),
         ),
         Mutant(

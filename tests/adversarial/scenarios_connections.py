@@ -8,13 +8,18 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, in_fresh_arena
 from tests.adversarial.clients import names
 from tests.adversarial.faults import kill_connections
+from tests.adversarial.mutants import variant
 from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
+from tests.support.proxy import FaultProxy
 from tests.support.record import read_lines
 
 
@@ -271,3 +276,71 @@ async def late_and_repeated_releases(ctx: Context) -> Outcome:
             await arena.close()
         problems += [f"{label}: {problem}" for problem in found]
     return outcome(ctx, "late-and-repeated-releases", problems)
+
+
+OWED, OUTAGE_WINDOW_S = 300, 2.0
+"""Requests given up during the owed-withdrawals scenario's outage, and how long
+the connection attempts their withdrawals cost are counted for."""
+
+OWED_TRIES_BOUND = 80
+"""Most connections the owed withdrawals may try in ``OUTAGE_WINDOW_S`` (the
+lock tries about 10 a round, every ``RETRY_AFTER_ERROR_S``; each round of a
+lock that sends them all tries ``OWED``)."""
+
+
+@scenario(
+    "owed-withdrawals-outage",
+    kills=("withdrawals-all-each-round",),
+    faults="Redis refuses every connection of a process whose 300 waiters give up, "
+    "then answers again",
+)
+async def owed_withdrawals_outage(ctx: Context) -> Outcome:
+    """Requests given up while Redis is unreachable are owed withdrawals. Through
+    the outage their retries cost a few connection attempts a round, not one per
+    request; once Redis answers, every one lands within a few seconds and the
+    next waiter is served as soon as the holder leaves."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "owed", lease_ms=30_000, poll_ms=1000)
+    problems: list[str] = []
+    with FaultProxy("127.0.0.1", server.port) as proxy:
+        client = Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        arena.clients.append(client)
+        try:
+            holder = await arena.enter("h")
+            lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+            tokens = [f"owed-{n}" for n in range(OWED)]
+            waiters = [asyncio.create_task(lock.acquire(timeout=60, token=t)) for t in tokens]
+            await arena.until(partial(_queue_length, arena, OWED), "every waiter queued")
+            arena.faults.fault("refuse-connections", os.getpid())
+            proxy.max_connections = 0
+            proxy.reset()
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            refused = proxy.refused
+            await asyncio.sleep(OUTAGE_WINDOW_S)  # the window the attempts are counted in
+            tried = proxy.refused - refused
+            if tried > OWED_TRIES_BOUND:
+                problems.append(
+                    f"{tried} connections tried in {OUTAGE_WINDOW_S:g} s of outage for {OWED} "
+                    f"owed withdrawals (bound {OWED_TRIES_BOUND})"
+                )
+            proxy.max_connections = 256
+            arena.faults.fault("connections-accepted", os.getpid())
+            try:
+                await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 10)
+            except AssertionError:
+                left = await arena.admin.zcard(arena.keys.key("queue"))
+                problems.append(f"{left} given-up requests still queued 10 s after the outage")
+            live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
+            await arena.until(lambda: arena.queued(token), "l is queued")
+            await arena.leave(*holder)
+            problems += await arena.served(live, token, 2.0)
+            problems += await arena.consistent()
+        finally:
+            await arena.close()
+    return outcome(ctx, "owed-withdrawals-outage", problems)
+
+
+async def _queue_length(arena: Arena, length: int) -> bool:
+    return bool(await arena.admin.zcard(arena.keys.key("queue")) == length)
