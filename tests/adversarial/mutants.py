@@ -569,6 +569,44 @@ class EveryWithdrawalEachRoundHub(Hub):
         return all(results)
 
 
+class WithdrawalFirstLock(FifoLock):
+    """MUTANT retry-waits-for-withdrawal: a same-token retry made while its first
+    request's withdrawal is owed waits for that withdrawal to land (across the
+    outage) before it is sent: the request is withdrawn first, and the retry
+    queues again at the back, behind later callers (the bug before b4d35fb)."""
+
+    async def _enqueue(
+        self,
+        hub: Hub,
+        group: WaitGroup,
+        waiter: Waiter,
+        started: float,
+        deadline: float | None,
+        *,
+        requeue: bool,
+    ) -> Any:
+        if not requeue:
+            owed = [
+                withdrawal.done
+                for key, withdrawal in hub._withdrawals.items()
+                if key[0] == self.keys and key[1] == waiter.token
+            ]
+            if owed:
+                left_s = None if deadline is None else deadline - asyncio.get_running_loop().time()
+                await asyncio.wait(owed, timeout=left_s)
+        return await super()._enqueue(hub, group, waiter, started, deadline, requeue=requeue)
+
+
+class RetryTrustingHub(Hub):
+    """MUTANT retry-drops-withdrawals: the withdrawals a same-token retry held back
+    are dropped when the retry ends, also when it ended with no reply from
+    Redis: the first request stays queued (or its grant held) with nobody
+    waiting for it, and the lock stalls for a lease (the bug in b4d35fb)."""
+
+    def retry_ended(self, keys: LockKeys, token: str, *, answered: bool) -> None:
+        super().retry_ended(keys, token, answered=True)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -752,6 +790,20 @@ MUTANTS: dict[str, Mutant] = {
                 (FifoLock._acquire, "except asyncio.CancelledError"),
                 (FifoLock._acquire, "self._give_up("),
                 (FifoLock._give_up, "hub.withdraw("),
+            ),
+        ),
+        Mutant(
+            "retry-waits-for-withdrawal",
+            "a same-token retry waits for its first request's owed withdrawal to land",
+            lock_class=WithdrawalFirstLock,
+            requires=((FifoLock._enqueue, "hub.reclaim(self.keys, waiter.token)"),),
+        ),
+        Mutant(
+            "retry-drops-withdrawals",
+            "the withdrawals a retry held back are dropped though the retry got no reply",
+            hub_class=RetryTrustingHub,
+            requires=(
+                (FifoLock._enqueue, "hub.retry_ended(self.keys, waiter.token, answered=False)"),
             ),
         ),
         Mutant(

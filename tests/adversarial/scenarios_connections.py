@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -13,6 +14,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
+from redis_fifo_lock.protocol import LockKeys
+from redis_fifo_lock.waiting import Hub, hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena, in_fresh_arena
 from tests.adversarial.clients import names
@@ -344,3 +348,159 @@ async def owed_withdrawals_outage(ctx: Context) -> Outcome:
 
 async def _queue_length(arena: Arena, length: int) -> bool:
     return bool(await arena.admin.zcard(arena.keys.key("queue")) == length)
+
+
+RETRY_LEASE_MS, RETRY_POLL_MS = 30_000, 10_000
+"""Timing of the retry-in-outage scenario: a stall behind a request nobody waits
+for lasts a lease, far past its bounds."""
+
+
+async def _lost_in_outage(
+    arena: Arena, proxy: FaultProxy, lock: FifoLock, token: str
+) -> tuple[Hub, str | None] | None:
+    """``lock.acquire(token=token)`` through ``proxy`` reaches Redis and its reply
+    never comes; nothing sent from then on reaches Redis. Returns the lock's hub
+    and the queued request's acquire call once its withdrawal is on its way
+    (held by the proxy), or None if the fault missed."""
+    proxy.hold("down")
+    first = asyncio.create_task(lock.acquire(timeout=30, token=token))
+    await arena.until(partial(arena.in_queue, token), f"{token} queued")
+    proxy.hold("up")
+    outcome_first = (await asyncio.gather(first, return_exceptions=True))[0]
+    if not isinstance(outcome_first, RedisUnavailable):
+        return None
+    hub = hub_for(lock.client)
+    await arena.until(
+        lambda: any(w.attempt for w in hub._withdrawals.values()), "the withdrawal on its way"
+    )
+    return hub, await _queued_call(arena, token)
+
+
+async def _queued_call(arena: Arena, token: str) -> str | None:
+    """The acquire call that ``token``'s queued request answers to, or None."""
+    record = await arena.admin.hget(arena.keys.key("waiters"), token)
+    return None if record is None else str(record.decode().split(" ")[3])
+
+
+def _outage_ends(proxy: FaultProxy) -> None:
+    """Redis answers again: what the proxy held is lost, every connection cut."""
+    proxy.release("up", deliver=False)
+    proxy.release("down", deliver=False)
+    proxy.reset()
+
+
+async def _retry_keeps_its_place(arena: Arena, proxy: FaultProxy, mutant: str) -> list[str]:
+    """A same-token retry made while the first request's withdrawal is on its way
+    takes the request over and keeps its place ahead of a later caller."""
+    client = Redis.from_url(proxy.url, socket_timeout=1.0)  # redis-py's retries on
+    arena.clients.append(client)
+    lock = variant(mutant).lock(client, arena.name, **arena.settings)
+    # Scripts loaded, eviction policy checked: the fault hits the acquire script.
+    await lock.release(await lock.acquire(timeout=5))
+    holder = await arena.enter("h")
+    lost = await _lost_in_outage(arena, proxy, lock, "b")
+    if lost is None:
+        _outage_ends(proxy)
+        await arena.leave(*holder)
+        return ["b's first acquire did not end in RedisUnavailable"]
+    hub, first_call = lost
+    ticket = await arena.admin.zscore(arena.keys.key("queue"), "b")
+    later, later_token = arena.waiter("c", Plan(0.01, timeout_s=60))
+    await arena.until(partial(arena.in_queue, later_token), "c queued behind b")
+    retrying = asyncio.Event()
+    reclaim = type(hub).reclaim
+
+    def noted(self: Hub, keys: LockKeys, token: str) -> None:
+        retrying.set()
+        reclaim(self, keys, token)
+
+    type(hub).reclaim = noted  # type: ignore[method-assign]
+    try:
+
+        async def retried_until_granted() -> Lease | None:
+            # As RedisUnavailable asks: again with the same token, while Redis fails.
+            for _ in range(20):
+                with contextlib.suppress(RedisUnavailable):
+                    return await lock.acquire(timeout=60, token="b")
+            return None
+
+        retry = asyncio.create_task(retried_until_granted())
+        # A lock whose retry waits for the withdrawal never gets that far.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(retrying.wait(), 5)
+        await asyncio.sleep(0)  # the retry went on past reclaim's first step
+    finally:
+        type(hub).reclaim = reclaim  # type: ignore[method-assign]
+    _outage_ends(proxy)
+
+    async def retried() -> bool:
+        return await _queued_call(arena, "b") not in (None, first_call)
+
+    await arena.until(retried, "b's retry at Redis", 20)
+    problems = []
+    if await arena.admin.zscore(arena.keys.key("queue"), "b") != ticket:
+        problems.append("the retry queued b again at the back: its withdrawal landed first")
+    await arena.leave(*holder)
+    done, _ = await asyncio.wait({retry}, timeout=20)
+    if not done or retry.result() is None:
+        problems.append("b's retry was not granted within 20 s of the holder leaving")
+    elif later.done() and arena.entered(later_token) is not None:
+        problems.append("c, queued after b, was granted the lock before b's retry")
+    if done and retry.result() is not None:
+        await lock.release(retry.result())
+    return problems + await arena.served(later, later_token, 20)
+
+
+async def _retry_lost_too(arena: Arena, proxy: FaultProxy, mutant: str) -> list[str]:
+    """A retry that never reaches Redis (it fails as well) leaves the first request
+    to its withdrawal: once Redis answers, the next waiter is served at once."""
+    client = Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    arena.clients.append(client)
+    lock = variant(mutant).lock(client, arena.name, **arena.settings)
+    # Scripts loaded, eviction policy checked: the fault hits the acquire script.
+    await lock.release(await lock.acquire(timeout=5))
+    holder = await arena.enter("h")
+    problems = []
+    if await _lost_in_outage(arena, proxy, lock, "b") is None:
+        problems.append("b's first acquire did not end in RedisUnavailable")
+    else:
+        retry = await asyncio.gather(lock.acquire(timeout=5, token="b"), return_exceptions=True)
+        if not isinstance(retry[0], RedisUnavailable):
+            problems.append(f"b's retry in the outage ended in {retry[0]!r}, not RedisUnavailable")
+    _outage_ends(proxy)
+    if problems:
+        await arena.leave(*holder)
+        return problems
+    live, token = arena.waiter("l", Plan(0.01, timeout_s=60))
+    await arena.until(partial(arena.in_queue, token), "l queued")
+    await arena.leave(*holder)
+    return await arena.served(live, token, 3.0)
+
+
+@scenario(
+    "retry-in-outage",
+    kills=("retry-waits-for-withdrawal", "retry-drops-withdrawals"),
+    faults="an acquire's reply lost and Redis then unreachable (a proxy holding both "
+    "directions) while its withdrawal is on its way; a same-token retry that "
+    "reaches Redis as the outage ends, and one that fails too",
+)
+async def retry_in_outage(ctx: Context) -> Outcome:
+    """``RedisUnavailable`` promises the request is withdrawn unless it is retried
+    with the same token first: a retry made while the withdrawal is on its way
+    keeps the request's place, and a retry that fails as well leaves the
+    request to its withdrawal, so that it stalls nobody (lease 30 s here)."""
+    server = ctx.servers()
+    problems: list[str] = []
+    cases = {"retried": _retry_keeps_its_place, "lost-too": _retry_lost_too}
+    for label, case in cases.items():
+        arena = Arena(
+            ctx, server.url, f"retry-{label}", lease_ms=RETRY_LEASE_MS, poll_ms=RETRY_POLL_MS
+        )
+        with FaultProxy("127.0.0.1", server.port) as proxy:
+            try:
+                found = await case(arena, proxy, ctx.mutant)
+                found += await arena.consistent()
+            finally:
+                await arena.close()
+        problems += [f"{label}: {problem}" for problem in found]
+    return outcome(ctx, "retry-in-outage", problems)
