@@ -470,7 +470,7 @@ class FifoLock:
         )
         waiter.queued(ticket)
         if grant is not None:
-            return self._start_lease(hub, waiter, grant, waiter.sent_at)
+            return self._lease_if_in_time(hub, waiter, grant, waiter.sent_at)
         return None
 
     def _take_granted(self, hub: Hub, waiter: Waiter) -> Lease | None:
@@ -522,7 +522,7 @@ class FifoLock:
             )
             return None
         if reply.grant is not None:
-            return self._start_lease(hub, waiter, reply.grant, sent)
+            return self._lease_if_in_time(hub, waiter, reply.grant, sent)
         if reply.queued_ticket is not None:
             waiter.queued(reply.queued_ticket)
             return None
@@ -556,6 +556,27 @@ class FifoLock:
             waited=waited,
             holder_fence=group.holder_fence,
         )
+
+    def _lease_if_in_time(
+        self, hub: Hub, waiter: Waiter, grant: Grant, sent: float
+    ) -> Lease | None:
+        """The lease for ``waiter``'s ``grant``, in a reply to a call sent at
+        ``sent`` (``time.monotonic()``); None if the reply came after that lease
+        ran out (a reply delayed on a slow link, or read late by a blocked event
+        loop): the waiter is hinted, so that it asks Redis again, rather than
+        enter holding nothing."""
+        late_s = time.monotonic() - (sent + grant.pttl_ms / 1000)
+        if late_s < 0:
+            return self._start_lease(hub, waiter, grant, sent)
+        log.warning(
+            "FIFO lock %r: the reply granting request %s came %.3f s after the lease it "
+            "granted ran out (a slow link, or a blocked event loop); asking Redis again",
+            self.name,
+            waiter.token,
+            late_s,
+        )
+        waiter.hint()
+        return None
 
     def _start_lease(self, hub: Hub, waiter: Waiter, grant: Grant, sent: float) -> Lease:
         """The lease for ``waiter``'s ``grant``, whose ``pttl_ms`` Redis reported in

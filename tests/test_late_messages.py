@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -32,6 +33,7 @@ from redis_fifo_lock.protocol import (
 )
 from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import WaitGroup, hub_for
+from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 from tests.support.record import Record
 from tests.support.replay import ScriptCalls, reply_code
@@ -175,6 +177,73 @@ async def test_a_waiter_blocked_past_its_lease_when_its_grant_landed_never_enter
         await w2_client.aclose()
     overlaps = [v for v in violations(record.holds(), allow_open=True) if v.kind == "overlap"]
     assert overlaps == [], f"w1: {outcome.get('w1')}; {overlaps}"
+
+
+class _OnRecord(logging.Handler):
+    """Calls ``then()`` once, at the first log record whose message holds ``text``."""
+
+    def __init__(self, text: str, then: Callable[[], object]) -> None:
+        super().__init__()
+        self.text, self.then, self.seen = text, then, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.seen and self.text in record.getMessage():
+            self.seen = True
+            self.then()
+
+
+@pytest.mark.parametrize("lock_was", ["free", "held"])
+async def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_never_returned(
+    aredis: AsyncRedis, redis_url: str, fault_proxy: FaultProxyFactory, lock_was: str
+) -> None:
+    """Every reply reaches the caller 0.9 s late, and the lease lasts
+    0.6 s: the reply that grants the lock (the acquire script's on a free lock;
+    on a held one, the claim of a waiter that read its ring too late to take
+    it as the grant) comes after the lease it grants ran out, dated from when
+    the call was sent. Before, ``acquire`` returned that lease, already lost: the
+    caller entered its critical section holding nothing, and learnt it only
+    from ``LeaseLost`` at its release (found by an outside attack). Now the
+    lock asks Redis again, and returns a lease only from a reply in time."""
+    settings = {"lease_ms": 600, "poll_ms": 300}
+    proxy = fault_proxy(redis_url)
+    client = AsyncRedis.from_url(proxy.url)
+    lock = FifoLock(client, f"late-grant-{lock_was}", **settings)
+    try:
+        await lock.release(await lock.acquire(timeout=5))  # scripts loaded, connection open
+        if lock_was == "held":
+            holder = FifoLock(aredis, lock.name, **settings)
+            lease_h = await holder.acquire(timeout=5)
+            acquiring = asyncio.create_task(lock.acquire(timeout=30, token="w"))
+            await until(lambda: queued(aredis, lock.keys, "w"), "w is queued")
+            await holder.release(lease_h)  # w's grant lands, and its ring reaches w's socket
+            # The fault: w's loop reads the ring too late to take it as the grant
+            # (see _take_granted), and so claims it; the claim's reply is late.
+            time.sleep(0.2)  # noqa: ASYNC251
+            proxy.delay("down", 900)
+        else:
+            proxy.delay("down", 900)
+            acquiring = asyncio.create_task(lock.acquire(timeout=30, token="w"))
+        # The link recovers once the lock has seen a late grant (or after 15 s).
+        recovered = asyncio.get_running_loop().call_later(15.0, proxy.delay, "down", 0)
+        seen = _OnRecord("after the lease it granted ran out", lambda: proxy.delay("down", 0))
+        logging.getLogger("redis_fifo_lock").addHandler(seen)
+        try:
+            lease = await acquiring
+        finally:
+            logging.getLogger("redis_fifo_lock").removeHandler(seen)
+            recovered.cancel()
+        returned = time.monotonic()
+        try:
+            assert lease.expires_at > returned and not lease.lost, (
+                f"acquire returned a lease that ran out {returned - lease.expires_at:.3f} s "
+                "before it returned: its grant's reply came after the lease it granted"
+            )
+            assert await holder_token(aredis, lock.keys) == "w"
+        finally:
+            with contextlib.suppress(LeaseLost):
+                await lock.release(lease)
+    finally:
+        await client.aclose()
 
 
 async def test_a_forged_ring_never_makes_acquire_return(
