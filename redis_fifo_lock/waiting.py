@@ -91,14 +91,18 @@ seconds (a poll that failed after one that was answered is tried again at once).
 WITHDRAW_TRY_S = 5.0
 """Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
 
-WITHDRAW_FAILURES_PER_ROUND = 8
-"""Most withdrawals that one round of retries (every ``RETRY_AFTER_ERROR_S``)
-sends in vain, plus one for each that Redis answers: a long outage costs a
-few connection attempts a second, not one per owed withdrawal (up to
-``MAX_WITHDRAWALS``), and once Redis answers a round goes on until every one
-was sent. Each round starts where the last one stopped, so that on a Redis
-Cluster with one node down the withdrawals owed to the others are not left
-behind those owed to it."""
+WITHDRAW_PROBES_PER_ROUND = 8
+"""Most locks whose owed withdrawals one round of retries (every
+``RETRY_AFTER_ERROR_S``) tries while Redis answers none of them. A round
+first sends one lock's oldest owed withdrawal at a time, as a probe, starting
+where the last round stopped; the first that Redis answers ends the probing,
+and every lock's withdrawals are then sent, oldest lock and oldest withdrawal
+first, skipping a lock whose oldest one fails. So a long outage costs a few
+connection attempts a round, not one per owed withdrawal (up to
+``MAX_WITHDRAWALS``); once Redis answers, the withdrawal most likely to be
+holding up a live waiter goes first; and a lock whose withdrawals keep
+failing (its Redis Cluster node down) costs one attempt a round and holds
+up nobody else's."""
 
 CLOSING_S = 1.0
 """Longest wait, in seconds, that a closing event loop gives the work the lock
@@ -480,6 +484,10 @@ class WaitGroup:
                 waiter.hint()
 
 
+WithdrawalKey = tuple[LockKeys, str, str]
+"""An owed withdrawal's lock, token and acquire call."""
+
+
 @dataclass
 class _Withdrawal:
     """A request this process gave up, to withdraw as soon as Redis answers."""
@@ -534,9 +542,9 @@ class Hub:
         self.leases: weakref.WeakValueDictionary[tuple[LockKeys, str], Lease] = (
             weakref.WeakValueDictionary()
         )
-        self._withdrawals: dict[tuple[LockKeys, str, str], _Withdrawal] = {}
+        self._withdrawals: dict[WithdrawalKey, _Withdrawal] = {}
         self._withdrawer: asyncio.Task[None] | None = None
-        # Where the next round of withdrawals starts (see WITHDRAW_FAILURES_PER_ROUND).
+        # The lock the next round of withdrawals probes first (WITHDRAW_PROBES_PER_ROUND).
         self._withdraw_from = 0
         self._duties: dict[object, tuple[Callable[[], Awaitable[object]], asyncio.Task[Any]]] = {}
 
@@ -614,9 +622,9 @@ class Hub:
 
         Returns a future that is done once Redis confirmed the withdrawal. The
         withdrawal is kept (at most ``MAX_WITHDRAWALS``) and retried in rounds
-        every ``RETRY_AFTER_ERROR_S`` while Redis does not answer (a few of the
-        owed withdrawals a round, see ``WITHDRAW_FAILURES_PER_ROUND``), so that
-        a request abandoned by an outage leaves the queue as soon as Redis is
+        every ``RETRY_AFTER_ERROR_S`` while Redis does not answer (one a lock
+        for a few locks a round, see ``WITHDRAW_PROBES_PER_ROUND``), so that a
+        request abandoned by an outage leaves the queue as soon as Redis is
         back.
         """
         key = (group.keys, token, call)
@@ -686,29 +694,49 @@ class Hub:
                 await asyncio.sleep(RETRY_AFTER_ERROR_S)
 
     async def _withdraw_round(self) -> bool:
-        """Send the owed withdrawals, ``MAX_CONCURRENT_CALLS`` at a time, from where
-        the last round stopped, until ``WITHDRAW_FAILURES_PER_ROUND`` more of
-        them failed than Redis answered; True if every one was answered."""
-        owed = list(self._withdrawals.items())
-        start = self._withdraw_from % len(owed)
-        owed = owed[start:] + owed[:start]
-        allowed, sent, answered = WITHDRAW_FAILURES_PER_ROUND, 0, 0
-        while sent < len(owed) and allowed > 0:
-            batch = owed[sent : sent + MAX_CONCURRENT_CALLS]
-            results = await asyncio.gather(*(self._withdraw_one(w) for _, w in batch))
-            sent += len(batch)
-            for (key, withdrawal), done in zip(batch, results, strict=True):
-                if done:
-                    answered += 1
-                    allowed += 1
-                    if self._withdrawals.get(key) is withdrawal:
-                        del self._withdrawals[key]
-                        _settle(withdrawal)
-                elif not withdrawal.suspended:
-                    allowed -= 1
-        # The answered ones are gone: the next round starts at the first not sent.
-        self._withdraw_from = start + sent - answered
-        return answered == len(owed)
+        """One round of the owed withdrawals (see ``WITHDRAW_PROBES_PER_ROUND``);
+        True if Redis answered every one that was owed when it began."""
+        owed = list(self._withdrawals)
+        by_lock: dict[LockKeys, list[tuple[WithdrawalKey, _Withdrawal]]] = {}
+        for key, withdrawal in self._withdrawals.items():  # oldest first
+            if not withdrawal.suspended:  # else a retry of its token is on its way
+                by_lock.setdefault(key[0], []).append((key, withdrawal))
+        locks = list(by_lock)
+        start = self._withdraw_from % len(locks) if locks else 0
+        probed: list[LockKeys] = []
+        answered = False
+        for lock in locks[start:] + locks[:start]:
+            probed.append(lock)
+            answered = await self._withdraw_lock(by_lock[lock])
+            if answered or len(probed) >= WITHDRAW_PROBES_PER_ROUND:
+                break
+        if not answered:
+            self._withdraw_from = start + len(probed)  # the next round probes the others
+            return False
+        self._withdraw_from = 0
+        for lock in locks:
+            if lock not in probed:
+                await self._withdraw_lock(by_lock[lock])
+        return not any(key in self._withdrawals for key in owed)
+
+    async def _withdraw_lock(self, owed: list[tuple[WithdrawalKey, _Withdrawal]]) -> bool:
+        """Send one lock's owed withdrawals: the oldest first, and if Redis answered
+        it, the others, ``MAX_CONCURRENT_CALLS`` at a time. Whether it answered."""
+        (key, oldest), others = owed[0], owed[1:]
+        if not await self._withdraw_settled(key, oldest):
+            return False
+        for at in range(0, len(others), MAX_CONCURRENT_CALLS):
+            batch = others[at : at + MAX_CONCURRENT_CALLS]
+            await asyncio.gather(*(self._withdraw_settled(key, w) for key, w in batch))
+        return True
+
+    async def _withdraw_settled(self, key: WithdrawalKey, withdrawal: _Withdrawal) -> bool:
+        """Send ``withdrawal``; once Redis answered it, it is no longer owed."""
+        done = await self._withdraw_one(withdrawal)
+        if done and self._withdrawals.get(key) is withdrawal:
+            del self._withdrawals[key]
+            _settle(withdrawal)
+        return done
 
     def _drop_withdrawals(self) -> None:
         """The client was closed and dropped with withdrawals still owed: nothing

@@ -56,7 +56,7 @@ from redis_fifo_lock.waiting import (
     CLOSING_S,
     MAX_CONCURRENT_CALLS,
     RETRY_AFTER_ERROR_S,
-    WITHDRAW_FAILURES_PER_ROUND,
+    WITHDRAW_PROBES_PER_ROUND,
     hub_for,
 )
 from tests.conftest import FaultProxyFactory
@@ -590,8 +590,8 @@ async def test_withdrawals_owed_through_a_long_outage_are_tried_at_a_bounded_rat
     withdrawals, tried again every ``RETRY_AFTER_ERROR_S``. Before, each
     round sent every one of them (up to ``MAX_WITHDRAWALS``): 2,000 owed kept
     a process at 67 % of a CPU for as long as the outage lasted. A round now
-    stops after a few failures, and the withdrawals still all land, without
-    delay, once Redis answers again."""
+    tries one withdrawal of a few locks (here the one), and the withdrawals
+    still all land, without delay, once Redis answers again."""
     owed = 300
     proxy = fault_proxy(redis_url)
     holder = FifoLock(aredis, "owed-many", lease_ms=30_000, poll_ms=1000)
@@ -617,7 +617,7 @@ async def test_withdrawals_owed_through_a_long_outage_are_tried_at_a_bounded_rat
     await asyncio.sleep(window_s)  # a measurement window, not a synchronisation
     tried = proxy.refused - refused
     rounds = window_s / RETRY_AFTER_ERROR_S + 1
-    bound = rounds * (WITHDRAW_FAILURES_PER_ROUND + MAX_CONCURRENT_CALLS) + 20  # + the doorbell's
+    bound = rounds * WITHDRAW_PROBES_PER_ROUND + 20  # + the doorbell's reconnections
     assert tried <= bound, (
         f"{tried} connections tried in {window_s:g} s of outage for {owed} owed withdrawals "
         f"(bound {bound:g}): each round sent them all"
@@ -631,6 +631,65 @@ async def test_withdrawals_owed_through_a_long_outage_are_tried_at_a_bounded_rat
     assert took < 5 * RETRY_AFTER_ERROR_S + 2, f"the owed withdrawals took {took:.1f} s to land"
     await holder.release(lease)
     await client.aclose()
+
+
+async def test_after_an_outage_a_lock_whose_withdrawals_fail_holds_up_no_other_lock(
+    redis_url: str, aredis: AsyncRedis, fault_proxy: FaultProxyFactory
+) -> None:
+    """Withdrawals are owed on two locks when the outage ends, and those of the
+    one queued first keep failing (here its queue key was overwritten, so
+    every script on it fails; on a Redis Cluster, its node still down). The
+    other lock's withdrawals land at once, its oldest first, and its next
+    waiter, queued behind that oldest request, gets the lock as soon as the
+    holder leaves. Found by an outside attack on the first bounded rounds
+    (7a98f98), which tried a few withdrawals a round in the order owed: the
+    other lock's waited 24 s behind 400 failing ones."""
+    proxy = fault_proxy(redis_url)
+    client = AsyncRedis.from_url(proxy.url, **no_retries())
+    settings = {"lease_ms": 30_000, "poll_ms": 1000}
+    failing, healthy = (FifoLock(client, name, **settings) for name in ("failing", "healthy"))
+    for lock in (failing, healthy):
+        await warm_up(lock)
+    holders = {lock.name: FifoLock(aredis, lock.name, **settings) for lock in (failing, healthy)}
+    leases = {name: await holder.acquire(timeout=5) for name, holder in holders.items()}
+    given_up = [asyncio.create_task(failing.acquire(timeout=60, token=f"f{n}")) for n in range(100)]
+    given_up.append(asyncio.create_task(healthy.acquire(timeout=60, token="h0")))
+    await until(lambda: _queued(aredis, healthy.keys, "h0"), "h0 queued")
+    next_waiter = asyncio.create_task(holders["healthy"].acquire(timeout=30, token="next"))
+    await until(lambda: _queued(aredis, healthy.keys, "next"), "next queued behind h0")
+    given_up += [
+        asyncio.create_task(healthy.acquire(timeout=60, token=f"h{n}")) for n in range(1, 20)
+    ]
+    for token in ("f99", "h19"):
+        lock = failing if token[0] == "f" else healthy
+        await until(functools.partial(_queued, aredis, lock.keys, token), f"{token} queued")
+    proxy.max_connections = 0
+    proxy.reset()
+    for task in given_up:
+        task.cancel()
+    await asyncio.gather(*given_up, return_exceptions=True)
+    hub = hub_for(client)
+    await until(lambda: len(hub._withdrawals) == 120, "every withdrawal owed")
+    await asyncio.sleep(4 * RETRY_AFTER_ERROR_S)  # rounds go by in the outage
+    await aredis.delete(failing.keys.key("queue"))
+    await aredis.set(failing.keys.key("queue"), "not a queue")  # its scripts fail from now on
+    proxy.max_connections = 256
+    ended = time.monotonic()
+    await holders["healthy"].release(leases["healthy"])
+    lease_next = await asyncio.wait_for(next_waiter, 20)
+    took = time.monotonic() - ended
+    try:
+        assert took < 3 * RETRY_AFTER_ERROR_S, (
+            f"next got the lock {took:.2f} s after the outage ended: h0's withdrawal waited "
+            "behind the failing lock's"
+        )
+        await until(lambda: _not_queued(aredis, healthy.keys, "h19"), "h19 withdrawn", 5)
+    finally:
+        await holders["healthy"].release(lease_next)
+        await aredis.delete(failing.keys.key("queue"))  # its withdrawals land now
+        await until(lambda: not hub._withdrawals, "the failing lock's withdrawals landed")
+        await holders["failing"].release(leases["failing"])
+        await client.aclose()
 
 
 # --- a client dropped while the lock still owes Redis a withdrawal -------------------------
