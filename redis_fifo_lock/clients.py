@@ -202,7 +202,7 @@ class LoopClients:
         self._factory = factory or self._plain
         self._options_known = factory is None
         if factory is None:
-            check_options(self._plain(), url, connection_kwargs, "LoopClients")
+            check_options(self._plain, url, connection_kwargs, "LoopClients")
 
     @classmethod
     def cluster(

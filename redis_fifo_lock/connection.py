@@ -13,7 +13,7 @@ than at the first acquire. ``masked_url`` and ``masked_kwargs`` are what every
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -123,14 +123,26 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
     return url
 
 
-def check_options(client: Redis, url: str | None, kwargs: Mapping[str, Any], where: str) -> None:
-    """Build, never open, one connection of ``client``'s pool, as redis-py will at
-    the first command, so that an option it refuses fails now, naming ``where``.
+CHECKED_MAX = 256
+"""Most connection configurations ``check_options`` remembers as accepted, so
+that building many locks on one configuration checks it once (redis-py 8
+reads its package metadata for every connection it builds: about 0.5 ms)."""
+
+_accepted: dict[str, None] = {}
+
+
+def check_options(
+    build: Callable[[], Redis], url: str | None, kwargs: Mapping[str, Any], where: str
+) -> None:
+    """Build, never open, one connection of the pool of the client ``build()``
+    returns, as redis-py will at the first command, so that an option it
+    refuses fails now, naming ``where``. A configuration accepted once (equal
+    ``url`` and ``kwargs``) is not checked again (see ``CHECKED_MAX``).
 
     Args:
-        client: a plain client built from ``url`` and ``kwargs``, not used yet.
-        url: the URL it was built from (str), or None; shown masked.
-        kwargs: the connection options it was built with; secrets never shown.
+        build: makes a plain client from ``url`` and ``kwargs``.
+        url: the URL (str), or None; shown masked.
+        kwargs: the connection options; secrets never shown.
         where: what to name in the message (str), e.g. ``"LoopClients"``.
 
     Raises:
@@ -139,9 +151,12 @@ def check_options(client: Redis, url: str | None, kwargs: Mapping[str, Any], whe
         ValueError: a value redis-py refuses (``protocol`` other than 2 or 3, an
             unknown ``ssl_cert_reqs``...).
     """
+    key = repr((url, sorted(kwargs.items(), key=lambda item: str(item[0]))))
+    if key in _accepted:
+        return
     shown = masked_url(url) if url is not None else "the connection"
     try:
-        client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        build().connection_pool.make_connection()  # type: ignore[no-untyped-call]
     except TypeError as exc:
         reason = _unsecret(str(exc), url, kwargs)[:SHOWN_URL_CHARS]
         raise TypeError(
@@ -153,6 +168,9 @@ def check_options(client: Redis, url: str | None, kwargs: Mapping[str, Any], whe
         raise ValueError(
             f"{where}: redis-py refuses the connection options of {shown!r}: {reason}"
         ) from None
+    _accepted[key] = None
+    while len(_accepted) > CHECKED_MAX:
+        _accepted.pop(next(iter(_accepted)), None)
 
 
 def _unsecret(text: str, url: str | None, kwargs: Mapping[str, Any]) -> str:
