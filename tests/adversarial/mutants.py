@@ -812,7 +812,7 @@ MUTANTS: dict[str, Mutant] = {
             hub_class=EveryWithdrawalEachRoundHub,
             requires=(
                 (Hub._withdraw_pending, "await self._withdraw_round()"),
-                (Hub._withdraw_round, "allowed > 0"),
+                (Hub._withdraw_round, "len(probed) >= WITHDRAW_PROBES_PER_ROUND"),
             ),
         ),
         Mutant(
@@ -1091,7 +1091,10 @@ MUTANTS: dict[str, Mutant] = {
             "renewal-never-started",
             "the holder never renews its lease",
             lock_class=NoRenewalLock,
-            requires=((FifoLock._enqueue, "self._start_lease("),),
+            requires=(
+                (FifoLock._enqueue, "self._lease_if_in_time("),
+                (FifoLock._lease_if_in_time, "self._start_lease("),
+            ),
         ),
         Mutant(
             "renewal-unbounded",

@@ -286,10 +286,11 @@ OWED, OUTAGE_WINDOW_S = 300, 2.0
 """Requests given up during the owed-withdrawals scenario's outage, and how long
 the connection attempts their withdrawals cost are counted for."""
 
-OWED_TRIES_BOUND = 80
+OWED_TRIES_BOUND = 40
 """Most connections the owed withdrawals may try in ``OUTAGE_WINDOW_S`` (the
-lock tries about 10 a round, every ``RETRY_AFTER_ERROR_S``; each round of a
-lock that sends them all tries ``OWED``)."""
+lock probes one withdrawal of the one lock a round, every
+``RETRY_AFTER_ERROR_S``: about 5; each round of a lock that sends them all
+tries ``OWED``)."""
 
 
 @scenario(
