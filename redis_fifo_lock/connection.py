@@ -13,6 +13,7 @@ than at the first acquire. ``masked_url`` and ``masked_kwargs`` are what every
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -126,9 +127,14 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
 CHECKED_MAX = 256
 """Most connection configurations ``check_options`` remembers as accepted, so
 that building many locks on one configuration checks it once (redis-py 8
-reads its package metadata for every connection it builds: about 0.5 ms)."""
+reads its package metadata for every connection it builds: about 0.5 ms).
+Only configurations whose options are all plain values (str, int, float,
+bool, bytes, None) are remembered: an object's equality says nothing of what
+redis-py will do with it."""
 
-_accepted: dict[str, None] = {}
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+_accepted: OrderedDict[tuple[object, ...], None] = OrderedDict()
 
 
 def check_options(
@@ -136,8 +142,8 @@ def check_options(
 ) -> None:
     """Build, never open, one connection of the pool of the client ``build()``
     returns, as redis-py will at the first command, so that an option it
-    refuses fails now, naming ``where``. A configuration accepted once (equal
-    ``url`` and ``kwargs``) is not checked again (see ``CHECKED_MAX``).
+    refuses fails now, naming ``where``. A configuration of plain values
+    accepted once is not checked again (see ``CHECKED_MAX``). Thread-safe.
 
     Args:
         build: makes a plain client from ``url`` and ``kwargs``.
@@ -151,8 +157,8 @@ def check_options(
         ValueError: a value redis-py refuses (``protocol`` other than 2 or 3, an
             unknown ``ssl_cert_reqs``...).
     """
-    key = repr((url, sorted(kwargs.items(), key=lambda item: str(item[0]))))
-    if key in _accepted:
+    key = _plain_key(url, kwargs)
+    if key is not None and key in _accepted:
         return
     shown = masked_url(url) if url is not None else "the connection"
     try:
@@ -168,9 +174,20 @@ def check_options(
         raise ValueError(
             f"{where}: redis-py refuses the connection options of {shown!r}: {reason}"
         ) from None
-    _accepted[key] = None
-    while len(_accepted) > CHECKED_MAX:
-        _accepted.pop(next(iter(_accepted)), None)
+    if key is not None:
+        _accepted[key] = None
+        while len(_accepted) > CHECKED_MAX:
+            with contextlib.suppress(KeyError):  # another thread emptied it first
+                _accepted.popitem(last=False)
+
+
+def _plain_key(url: str | None, kwargs: Mapping[str, Any]) -> tuple[object, ...] | None:
+    """What ``check_options`` remembers ``url`` and ``kwargs`` by, or None when an
+    option is not a plain value (see ``CHECKED_MAX``)."""
+    if not all(isinstance(value, _PLAIN) for value in kwargs.values()):
+        return None
+    options = sorted((str(name), type(value).__name__, value) for name, value in kwargs.items())
+    return (url, *options)
 
 
 def _unsecret(text: str, url: str | None, kwargs: Mapping[str, Any]) -> str:

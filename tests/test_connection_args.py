@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import Connection, ConnectionPool
 
 from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
 from redis_fifo_lock import connection as connection_module
@@ -103,6 +106,47 @@ def test_a_configuration_is_checked_once_however_many_locks_are_built_on_it(
     assert len(built) == 2, "another configuration is checked"
     for n in range(CHECKED_MAX + 1):
         LoopClients(url, client_name=f"c{n}")
+    assert len(connection_module._accepted) <= CHECKED_MAX
+
+
+def test_a_configuration_with_an_object_is_checked_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Remembered by its text, a connection class that refuses its options was
+    # let through after another of the same name and text had been accepted
+    # (found by an outside attack).
+    def connection_class(refuses: bool) -> type:
+        class Conn(Connection):
+            def __init__(self, **kwargs: object) -> None:
+                if refuses:
+                    raise TypeError("Conn() got an unexpected keyword argument 'x'")
+                super().__init__(**kwargs)  # type: ignore[arg-type]
+
+        return Conn
+
+    url = "redis://checked-objects.example:6379/0"
+    LoopClients(url, connection_class=connection_class(False))
+    with pytest.raises(TypeError, match="LoopClients: redis-py takes no such"):
+        LoopClients(url, connection_class=connection_class(True))
+
+
+def test_locks_built_in_many_threads_at_once_are_all_checked_without_error() -> None:
+    # Evicting the oldest remembered configuration raced another thread's
+    # insert: 90 of 24,000 constructions raised "dictionary changed size
+    # during iteration" (found by an outside attack).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            built = list(
+                pool.map(
+                    lambda n: LoopClients("redis://threads.example/0", client_name=f"c{n}"),
+                    range(8 * 600),
+                )
+            )
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(built) == 8 * 600
     assert len(connection_module._accepted) <= CHECKED_MAX
 
 
