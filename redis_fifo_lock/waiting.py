@@ -93,16 +93,15 @@ WITHDRAW_TRY_S = 5.0
 
 WITHDRAW_PROBES_PER_ROUND = 8
 """Most locks whose owed withdrawals one round of retries (every
-``RETRY_AFTER_ERROR_S``) tries while Redis answers none of them. A round
+``RETRY_AFTER_ERROR_S``) tries while Redis replies to none of them. A round
 first sends one lock's oldest owed withdrawal at a time, as a probe, starting
-where the last round stopped; the first that Redis answers ends the probing,
-and every lock's withdrawals are then sent, oldest lock and oldest withdrawal
-first, skipping a lock whose oldest one fails. So a long outage costs a few
-connection attempts a round, not one per owed withdrawal (up to
-``MAX_WITHDRAWALS``); once Redis answers, the withdrawal most likely to be
-holding up a live waiter goes first; and a lock whose withdrawals keep
-failing (its Redis Cluster node down) costs one attempt a round and holds
-up nobody else's."""
+where the last round stopped; the first reply from Redis (also an error about
+that lock's keys) ends the probing. Then every other lock's oldest is sent,
+oldest lock first (each may head its queue, with a live waiter behind it),
+and then the others of each lock whose oldest landed. So a long outage costs
+a few connection attempts a round, not one per owed withdrawal (up to
+``MAX_WITHDRAWALS``), and a lock whose withdrawals keep failing costs one
+attempt a round and holds up no other lock's."""
 
 CLOSING_S = 1.0
 """Longest wait, in seconds, that a closing event loop gives the work the lock
@@ -503,6 +502,16 @@ class _Withdrawal:
     suspended: bool = False
     """A retry of the token is on its way (see ``Hub.reclaim``): not sent until
     it has a reply (then dropped) or fails (then sent again)."""
+    replied: bool = False
+    """Its last attempt failed with an error Redis replied with (its lock's keys,
+    not Redis, at fault; see ``WITHDRAW_PROBES_PER_ROUND``)."""
+
+
+def _batches(items: list[T]) -> list[list[T]]:
+    """``items`` in runs of ``MAX_CONCURRENT_CALLS``, the hub's call slots."""
+    return [
+        items[at : at + MAX_CONCURRENT_CALLS] for at in range(0, len(items), MAX_CONCURRENT_CALLS)
+    ]
 
 
 def _settle(withdrawal: _Withdrawal) -> None:
@@ -703,32 +712,40 @@ class Hub:
                 by_lock.setdefault(key[0], []).append((key, withdrawal))
         locks = list(by_lock)
         start = self._withdraw_from % len(locks) if locks else 0
-        probed: list[LockKeys] = []
-        answered = False
+        withdrawn: dict[LockKeys, bool] = {}  # a lock's oldest owed withdrawal landed
+        replied = False
         for lock in locks[start:] + locks[:start]:
-            probed.append(lock)
-            answered = await self._withdraw_lock(by_lock[lock])
-            if answered or len(probed) >= WITHDRAW_PROBES_PER_ROUND:
+            withdrawn[lock], replied = await self._withdraw_oldest(by_lock[lock])
+            if replied or len(withdrawn) >= WITHDRAW_PROBES_PER_ROUND:
                 break
-        if not answered:
-            self._withdraw_from = start + len(probed)  # the next round probes the others
+        if not replied:
+            self._withdraw_from = start + len(withdrawn)  # the next round probes the others
             return False
         self._withdraw_from = 0
+        # Redis answers: each lock's oldest first (it may head its queue, with a
+        # live waiter behind it), then the others of the locks whose oldest landed.
+        for batch in _batches([lock for lock in locks if lock not in withdrawn]):
+            results = await asyncio.gather(
+                *(self._withdraw_oldest(by_lock[lock]) for lock in batch)
+            )
+            withdrawn.update(
+                (lock, landed) for lock, (landed, _) in zip(batch, results, strict=True)
+            )
         for lock in locks:
-            if lock not in probed:
-                await self._withdraw_lock(by_lock[lock])
+            if withdrawn[lock]:
+                for others in _batches(by_lock[lock][1:]):
+                    await asyncio.gather(*(self._withdraw_settled(*other) for other in others))
         return not any(key in self._withdrawals for key in owed)
 
-    async def _withdraw_lock(self, owed: list[tuple[WithdrawalKey, _Withdrawal]]) -> bool:
-        """Send one lock's owed withdrawals: the oldest first, and if Redis answered
-        it, the others, ``MAX_CONCURRENT_CALLS`` at a time. Whether it answered."""
-        (key, oldest), others = owed[0], owed[1:]
-        if not await self._withdraw_settled(key, oldest):
-            return False
-        for at in range(0, len(others), MAX_CONCURRENT_CALLS):
-            batch = others[at : at + MAX_CONCURRENT_CALLS]
-            await asyncio.gather(*(self._withdraw_settled(key, w) for key, w in batch))
-        return True
+    async def _withdraw_oldest(
+        self, owed: list[tuple[WithdrawalKey, _Withdrawal]]
+    ) -> tuple[bool, bool]:
+        """Send one lock's oldest owed withdrawal: whether it landed, and whether
+        Redis replied (also with an error: the lock's scripts fail, not Redis)."""
+        key, oldest = owed[0]
+        if await self._withdraw_settled(key, oldest):
+            return True, True
+        return False, oldest.replied
 
     async def _withdraw_settled(self, key: WithdrawalKey, withdrawal: _Withdrawal) -> bool:
         """Send ``withdrawal``; once Redis answered it, it is no longer owed."""
@@ -777,7 +794,7 @@ class Hub:
             )
 
         attempt = self.loop.create_task(self.run(self.calls, send))
-        withdrawal.attempt = attempt
+        withdrawal.attempt, withdrawal.replied = attempt, False
         try:
             await asyncio.wait({attempt})
         except asyncio.CancelledError:
@@ -806,6 +823,7 @@ class Hub:
                 )
                 return True
             withdrawal.failures += 1
+            withdrawal.replied = isinstance(exc.cause, ResponseError)
             log.log(
                 logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
                 "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "

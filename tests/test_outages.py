@@ -692,6 +692,79 @@ async def test_after_an_outage_a_lock_whose_withdrawals_fail_holds_up_no_other_l
         await client.aclose()
 
 
+async def test_after_an_outage_the_oldest_withdrawal_of_every_lock_goes_first(
+    redis_url: str, aredis: AsyncRedis, fault_proxy: FaultProxyFactory
+) -> None:
+    """When Redis answers again, 64 locks owe a withdrawal each that keeps
+    failing, one lock owes 1,000 that land, and the lock that owes the oldest
+    withdrawal, heading its queue with a live waiter behind it, is probed
+    last (the round's cursor points past it). Its waiter gets the lock at once:
+    each lock's oldest withdrawal is sent before any lock's others, and an
+    error Redis replies with ends the probing. Found by a second outside
+    attack: the live waiter waited 5.6 s behind 80 failing locks (8 probed a
+    round), or 1.7 s behind another lock's 3,000 withdrawals."""
+    proxy = fault_proxy(redis_url)
+    client = AsyncRedis.from_url(proxy.url, **no_retries())
+    settings = {"lease_ms": 30_000, "poll_ms": 1000}
+    names = ["heads", "many", *(f"failing-{n}" for n in range(64))]
+    locks = {name: FifoLock(client, name, **settings) for name in names}
+    holders = {name: FifoLock(aredis, name, **settings) for name in names}
+    for lock in locks.values():
+        await warm_up(lock)
+    leases = {name: await holder.acquire(timeout=5) for name, holder in holders.items()}
+    given_up = [asyncio.create_task(locks["heads"].acquire(timeout=60, token="h0"))]
+    await until(lambda: _queued(aredis, locks["heads"].keys, "h0"), "h0 queued")
+    next_waiter = asyncio.create_task(holders["heads"].acquire(timeout=30, token="next"))
+    await until(lambda: _queued(aredis, locks["heads"].keys, "next"), "next queued behind h0")
+    given_up += [
+        asyncio.create_task(locks[name].acquire(timeout=60, token=f"{name}-0"))
+        for name in names[2:]
+    ]
+    given_up += [
+        asyncio.create_task(locks["many"].acquire(timeout=60, token=f"m{n}")) for n in range(1000)
+    ]
+    hub = hub_for(client)
+
+    async def all_queued() -> bool:
+        counts = [await aredis.zcard(lock.keys.key("queue")) for lock in locks.values()]
+        return counts == [2, 1000] + [1] * 64
+
+    await until(all_queued, "every request queued")
+    proxy.max_connections = 0
+    proxy.reset()
+    for task in given_up:
+        task.cancel()
+    await asyncio.gather(*given_up, return_exceptions=True)
+    await until(lambda: len(hub._withdrawals) == 1065, "every withdrawal owed")
+    for name in names[2:]:
+        await aredis.delete(locks[name].keys.key("queue"))
+        await aredis.set(locks[name].keys.key("queue"), "not a queue")  # its scripts fail
+    hub._withdraw_from = 1  # the next round probes the failing locks first, "heads" last
+    proxy.max_connections = 256
+    ended = time.monotonic()
+    await holders["heads"].release(leases["heads"])
+    lease_next = await asyncio.wait_for(next_waiter, 20)
+    took = time.monotonic() - ended
+    many_owed = sum(key[0] == locks["many"].keys for key in hub._withdrawals)
+    try:
+        assert took < 2 * RETRY_AFTER_ERROR_S, (
+            f"next got the lock {took:.2f} s after the outage ended: h0's withdrawal, the "
+            "oldest, waited behind the failing locks' probes"
+        )
+        assert many_owed >= 500, (
+            f"only {many_owed} of the other lock's 999 later withdrawals were still owed when "
+            "next got the lock: they were sent before h0's"
+        )
+    finally:
+        await holders["heads"].release(lease_next)
+        for name in names[2:]:
+            await aredis.delete(locks[name].keys.key("queue"))  # their withdrawals land now
+        await until(lambda: not hub._withdrawals, "every withdrawal landed")
+        for name in names[1:]:
+            await holders[name].release(leases[name])
+        await client.aclose()
+
+
 # --- a client dropped while the lock still owes Redis a withdrawal -------------------------
 
 

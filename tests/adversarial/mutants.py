@@ -812,7 +812,7 @@ MUTANTS: dict[str, Mutant] = {
             hub_class=EveryWithdrawalEachRoundHub,
             requires=(
                 (Hub._withdraw_pending, "await self._withdraw_round()"),
-                (Hub._withdraw_round, "len(probed) >= WITHDRAW_PROBES_PER_ROUND"),
+                (Hub._withdraw_round, "len(withdrawn) >= WITHDRAW_PROBES_PER_ROUND"),
             ),
         ),
         Mutant(
