@@ -28,6 +28,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
 import weakref
@@ -96,12 +97,18 @@ WITHDRAW_PROBES_PER_ROUND = 8
 ``RETRY_AFTER_ERROR_S``) tries while Redis replies to none of them. A round
 first sends one lock's oldest owed withdrawal at a time, as a probe, starting
 where the last round stopped; the first reply from Redis (also an error about
-that lock's keys) ends the probing. Then every other lock's oldest is sent,
+that lock's keys, ``KEY_ERRORS``, but not one about Redis as a whole, such as
+``NOREPLICAS`` or ``READONLY``) ends the probing. Then every other lock's oldest is sent,
 oldest lock first (each may head its queue, with a live waiter behind it),
 and then the others of each lock whose oldest landed. So a long outage costs
 a few connection attempts a round, not one per owed withdrawal (up to
 ``MAX_WITHDRAWALS``), and a lock whose withdrawals keep failing costs one
 attempt a round and holds up no other lock's."""
+
+KEY_ERRORS = ("WRONGTYPE",)
+"""Error replies that concern the keys a call touched, not Redis as a whole: a
+withdrawal that meets one proves that Redis serves (see
+``WITHDRAW_PROBES_PER_ROUND``)."""
 
 CLOSING_S = 1.0
 """Longest wait, in seconds, that a closing event loop gives the work the lock
@@ -503,8 +510,19 @@ class _Withdrawal:
     """A retry of the token is on its way (see ``Hub.reclaim``): not sent until
     it has a reply (then dropped) or fails (then sent again)."""
     replied: bool = False
-    """Its last attempt failed with an error Redis replied with (its lock's keys,
-    not Redis, at fault; see ``WITHDRAW_PROBES_PER_ROUND``)."""
+    """Its last attempt failed with an error Redis replied with about its lock's
+    keys (``KEY_ERRORS``): Redis serves, the lock's keys are at fault (see
+    ``WITHDRAW_PROBES_PER_ROUND``)."""
+
+
+def _about_its_keys(error: BaseException | None) -> bool:
+    """Whether ``error`` is a reply of Redis about the keys the call touched
+    (``KEY_ERRORS``), not about Redis as a whole (``NOREPLICAS``, ``READONLY``,
+    ``OOM``, ``BUSY``, ``CLUSTERDOWN``...), which every lock would meet too."""
+    # Redis 7 replies with the code first; 6.2 wraps a script's error in its own.
+    return isinstance(error, ResponseError) and any(
+        re.search(rf"\b{code}\b", str(error)) for code in KEY_ERRORS
+    )
 
 
 def _batches(items: list[T]) -> list[list[T]]:
@@ -772,6 +790,7 @@ class Hub:
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
         key = (group.keys, withdrawal.token, withdrawal.call)
+        withdrawal.replied = False
         if self._withdrawals.get(key) is not withdrawal:
             return True  # taken over by a retry of the same token meanwhile
         if withdrawal.suspended:
@@ -794,7 +813,7 @@ class Hub:
             )
 
         attempt = self.loop.create_task(self.run(self.calls, send))
-        withdrawal.attempt, withdrawal.replied = attempt, False
+        withdrawal.attempt = attempt
         try:
             await asyncio.wait({attempt})
         except asyncio.CancelledError:
@@ -823,7 +842,7 @@ class Hub:
                 )
                 return True
             withdrawal.failures += 1
-            withdrawal.replied = isinstance(exc.cause, ResponseError)
+            withdrawal.replied = _about_its_keys(exc.cause)
             log.log(
                 logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
                 "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "

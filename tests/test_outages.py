@@ -765,6 +765,53 @@ async def test_after_an_outage_the_oldest_withdrawal_of_every_lock_goes_first(
         await client.aclose()
 
 
+async def test_withdrawals_refused_by_an_error_about_all_of_redis_are_tried_at_a_bounded_rate(
+    fresh_redis_server: PrivateRedisFactory,
+) -> None:
+    """Redis replies to every withdrawal with an error about Redis as a whole
+    (here ``NOREPLICAS``; after a failover ``READONLY``, or ``OOM``, ``BUSY``,
+    ``CLUSTERDOWN``), which every lock meets alike: it is an outage, and a
+    round probes a few locks, not every lock's oldest withdrawal. Found by an
+    outside attack: such a reply ended the probing as one about a lock's own
+    keys does, and 1,000 locks cost Redis 3,167 commands a second."""
+    server = fresh_redis_server()
+    admin = AsyncRedis.from_url(server.url)
+    client = AsyncRedis.from_url(server.url, **no_retries())
+    settings = {"lease_ms": 30_000, "poll_ms": 1000}
+    names = [f"refused-{n}" for n in range(100)]
+    locks = [FifoLock(client, name, **settings) for name in names]
+    holders = [FifoLock(admin, name, **settings) for name in names]
+    await warm_up(locks[0])
+    leases = [await holder.acquire(timeout=5) for holder in holders]
+    given_up = [asyncio.create_task(lock.acquire(timeout=60, token="w")) for lock in locks]
+    for lock in locks:
+        await until(functools.partial(_queued, admin, lock.keys, "w"), f"{lock.name} queued")
+    await admin.config_set("min-replicas-to-write", 1)  # every write refused: NOREPLICAS
+    hub = hub_for(client)
+    try:
+        for task in given_up:
+            task.cancel()
+        await asyncio.gather(*given_up, return_exceptions=True)
+        await until(lambda: len(hub._withdrawals) == len(locks), "every withdrawal owed")
+        tried = sum(w.failures for w in hub._withdrawals.values())
+        window_s = 4 * RETRY_AFTER_ERROR_S
+        await asyncio.sleep(window_s)  # a measurement window, not a synchronisation
+        tried = sum(w.failures for w in hub._withdrawals.values()) - tried
+        bound = (window_s / RETRY_AFTER_ERROR_S + 1) * WITHDRAW_PROBES_PER_ROUND
+        assert tried <= bound, (
+            f"{tried} withdrawals sent in {window_s:g} s while Redis refused every write, for "
+            f"{len(locks)} locks (bound {bound:g}): each round tried every lock"
+        )
+    finally:
+        await admin.config_set("min-replicas-to-write", 0)
+    await until(lambda: not hub._withdrawals, "every withdrawal landed once Redis accepts writes")
+    for holder, lease in zip(holders, leases, strict=True):
+        with contextlib.suppress(LockError):
+            await holder.release(lease)
+    await client.aclose()
+    await admin.aclose()
+
+
 # --- a client dropped while the lock still owes Redis a withdrawal -------------------------
 
 
