@@ -96,14 +96,14 @@ WITHDRAW_PROBES_PER_ROUND = 8
 """Most locks whose owed withdrawals one round of retries (every
 ``RETRY_AFTER_ERROR_S``) tries while Redis replies to none of them. A round
 first sends one lock's oldest owed withdrawal at a time, as a probe, starting
-where the last round stopped; the first reply from Redis (also an error about
-that lock's keys, ``KEY_ERRORS``, but not one about Redis as a whole, such as
-``NOREPLICAS`` or ``READONLY``) ends the probing. Then every other lock's oldest is sent,
-oldest lock first (each may head its queue, with a live waiter behind it),
-and then the others of each lock whose oldest landed. So a long outage costs
-a few connection attempts a round, not one per owed withdrawal (up to
-``MAX_WITHDRAWALS``), and a lock whose withdrawals keep failing costs one
-attempt a round and holds up no other lock's."""
+where the last round stopped; the first reply from Redis ends the probing,
+also an error about that lock's keys (``KEY_ERRORS``), but not one about
+Redis as a whole (``NOREPLICAS``, ``READONLY``...). Then every other lock's
+oldest is sent, oldest lock first (each may head its queue, with a live
+waiter behind it), and then the others of each lock whose oldest landed. So
+a long outage costs a few connection attempts a round, not one per owed
+withdrawal (up to ``MAX_WITHDRAWALS``), and a lock whose withdrawals keep
+failing costs one attempt a round and holds up no other lock's."""
 
 KEY_ERRORS = ("WRONGTYPE",)
 """Error replies that concern the keys a call touched, not Redis as a whole: a
