@@ -22,7 +22,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -74,20 +74,28 @@ T = TypeVar("T")
 
 
 ATTEMPT_FLOOR_S = 0.5
-"""Shortest time, in seconds, one script call of ``acquire`` is given even when
-less of its ``timeout`` is left (so that ``timeout=0`` still tries once)."""
+"""Shortest time, in seconds, the script calls of one ``acquire`` are given,
+counted from when it began, even when its ``timeout`` is shorter (so that
+``timeout=0`` still tries once)."""
 
 
-async def _within(awaitable: Awaitable[T], deadline: float | None) -> T:
-    """Await ``awaitable``, raising ``asyncio.TimeoutError`` at loop time ``deadline``
-    (or ``ATTEMPT_FLOOR_S`` from now, if that is later).
+async def _within(awaitable: Awaitable[T], started: float, deadline: float | None) -> T:
+    """Await ``awaitable``, a script call of the ``acquire`` that began at loop
+    time ``started``, raising ``asyncio.TimeoutError`` at loop time ``deadline``
+    (or ``ATTEMPT_FLOOR_S`` after ``started``, if that is later). Past that, the
+    call is not sent at all: a later call of an acquire gets no floor of its own,
+    so that calls made again on a slow link never carry it past its timeout.
 
     A cancellation of the caller is never lost (see ``timeouts.within``).
     """
     if deadline is None:
         return await awaitable
-    loop = asyncio.get_running_loop()
-    return await within(awaitable, max(deadline - loop.time(), ATTEMPT_FLOOR_S))
+    left_s = max(deadline, started + ATTEMPT_FLOOR_S) - asyncio.get_running_loop().time()
+    if left_s <= 0:
+        if isinstance(awaitable, Coroutine):
+            awaitable.close()
+        raise asyncio.TimeoutError
+    return await within(awaitable, left_s)
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -321,7 +329,10 @@ class FifoLock:
 
         Args:
             timeout: seconds to wait (float); None waits forever, 0 tries once.
-                It bounds the whole call, also when Redis stops answering.
+                It bounds the whole call, also when Redis stops answering or
+                answers slowly: ``LockTimeout`` comes at most
+                ``WITHDRAW_GRACE_S`` after the larger of ``timeout`` and
+                ``ATTEMPT_FLOOR_S``.
             token: identity of this request (str without whitespace, at most
                 128 characters). Retrying with the same token while the request
                 is queued keeps its place, or returns the grant if it was already
@@ -438,7 +449,9 @@ class FifoLock:
         waiter.sending()  # the grant, if this call makes one, is younger than this
         try:
             try:
-                grant, ticket, holder_fence, holder_pttl_ms = await _within(send(), deadline)
+                grant, ticket, holder_fence, holder_pttl_ms = await _within(
+                    send(), started, deadline
+                )
             except BaseException:
                 if not requeue:
                     hub.retry_ended(self.keys, waiter.token, answered=False)
@@ -507,7 +520,7 @@ class FifoLock:
             return None  # its acquire has not replied: nothing to claim yet
         sent = time.monotonic()
         try:
-            reply = await _within(group.claim(waiter.token, waiter.ticket), deadline)
+            reply = await _within(group.claim(waiter.token, waiter.ticket), started, deadline)
         except asyncio.TimeoutError:
             await self._give_up(hub, group, waiter)
             raise self._timed_out(group, started, (deadline or started) - started) from None

@@ -23,6 +23,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockError, LockTimeout
 from redis_fifo_lock.holds import violations
+from redis_fifo_lock.lock import WITHDRAW_GRACE_S
 from redis_fifo_lock.protocol import (
     ALREADY_RELEASED,
     NOT_HELD,
@@ -243,6 +244,39 @@ async def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_never_returne
             with contextlib.suppress(LeaseLost):
                 await lock.release(lease)
     finally:
+        await client.aclose()
+
+
+async def test_acquire_on_a_link_slower_than_its_lease_times_out_in_time(
+    redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """Every reply is 0.4 s late and the lease lasts 0.3 s, so no grant ever
+    comes in time: the acquire claims again, loses its place and joins the
+    queue again, call after call. Before, each call was given at least
+    ``ATTEMPT_FLOOR_S`` (0.5 s) however little of the timeout was left, so
+    ``acquire(timeout=1.3)`` raised ``LockTimeout`` after 2.26 s (found by an
+    outside attack; 0.57 s late here, 0.92 s with a timeout of 1.5). The calls
+    of one acquire now end at its timeout (or ``ATTEMPT_FLOOR_S`` after it
+    began, for a shorter one), and only the withdrawal's grace
+    (``WITHDRAW_GRACE_S``) may come after."""
+    proxy = fault_proxy(redis_url)
+    client = AsyncRedis.from_url(proxy.url)
+    lock = FifoLock(client, "slow-link-timeout", lease_ms=300, poll_ms=150)
+    try:
+        await lock.release(await lock.acquire(timeout=5))  # scripts loaded, connection open
+        proxy.delay("down", 400)
+        timeout = 1.5
+        started = time.monotonic()
+        with pytest.raises(LockTimeout):
+            await lock.acquire(timeout=timeout)
+        late_s = time.monotonic() - started - timeout
+        bound_s = WITHDRAW_GRACE_S + 0.2  # scheduling slack
+        assert late_s <= bound_s, (
+            f"acquire(timeout={timeout}) raised {late_s:.3f} s after its timeout "
+            f"(bound {bound_s:.2f} s)"
+        )
+    finally:
+        proxy.delay("down", 0)
         await client.aclose()
 
 
