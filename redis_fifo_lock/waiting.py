@@ -64,7 +64,7 @@ from .protocol import (
     new_ring_key,
     ring_proof,
 )
-from .settings import LockSettings
+from .settings import LockSettings, shown_value
 from .timeouts import within
 
 if TYPE_CHECKING:
@@ -841,34 +841,37 @@ class Hub:
                     exc.cause,
                 )
                 return True
-            withdrawal.failures += 1
             withdrawal.replied = _about_its_keys(exc.cause)
-            log.log(
-                logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
-                "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "
-                "until Redis answers",
-                group.keys.name,
-                withdrawal.token,
-                exc.reason,
-                RETRY_AFTER_ERROR_S,
-            )
-            return False
+            return self._withdrawal_failed(withdrawal, exc.reason)
         except asyncio.TimeoutError:
-            withdrawal.failures += 1
-            log.log(
-                logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
-                "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "
-                "until Redis answers",
-                group.keys.name,
-                withdrawal.token,
-                "no reply",
-                RETRY_AFTER_ERROR_S,
+            return self._withdrawal_failed(withdrawal, "no reply")
+        except Exception as exc:
+            # Neither an outage nor Redis's answer (redis-py raises AttributeError
+            # when the client is closed while it writes): the task sending the
+            # owed withdrawals must not end on it, or they would wait for the
+            # next one; the withdrawal is tried again like any other.
+            return self._withdrawal_failed(
+                withdrawal, f"{type(exc).__name__}: {shown_value(str(exc))}"
             )
-            return False
         if outcome == GAVE_BACK:
             metrics.gave_back(group.keys)
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
+
+    def _withdrawal_failed(self, withdrawal: _Withdrawal, reason: str) -> bool:
+        """A try of ``withdrawal`` failed for ``reason``: say so (at its first
+        failure; later ones at DEBUG), and return False (it is still owed)."""
+        withdrawal.failures += 1
+        log.log(
+            logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
+            "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "
+            "until Redis answers",
+            withdrawal.group.keys.name,
+            withdrawal.token,
+            reason,
+            RETRY_AFTER_ERROR_S,
+        )
+        return False
 
     def duty(self, key: object, work: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
         """Run ``work()`` in a task now, and keep it as a duty of this hub, named

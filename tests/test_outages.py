@@ -896,3 +896,46 @@ async def test_withdrawals_waiting_for_a_call_slot_when_their_client_is_dropped_
     assert withdrawer.exception() is None, withdrawer.exception()
     assert loop_errors == []
     assert any("client was dropped" in r.getMessage() for r in caplog.records), caplog.text
+
+
+async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
+    aredis: AsyncRedis, redis_url: str, clients: Callable[..., AsyncRedis]
+) -> None:
+    """A withdrawal's call fails with an error that is neither an outage nor
+    Redis's answer: here an ``AttributeError``, as redis-py raises when a client
+    is closed while it writes (its writer gone). Before, that error ended the task
+    sending the owed withdrawals (found by an outside attack, from the code):
+    the cancelled waiter stayed queued, and the next holder waited for it to be
+    granted and expire. It is now counted as a failed try, and tried again."""
+    holder = FifoLock(aredis, "withdraw-error", lease_ms=7000, poll_ms=1000)
+    client = clients(redis_url)
+    lock = FifoLock(client, holder.name, lease_ms=7000, poll_ms=1000)
+    await warm_up(lock)
+    lease = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(lock.acquire(timeout=30, token="gone"))
+    await until(functools.partial(_queued, aredis, holder.keys, "gone"), "gone queued")
+    failures = 0
+    withdraw = lock._protocol.withdraw
+
+    def failing_once(*args: Any) -> Any:
+        nonlocal failures
+        if failures == 0:
+            failures += 1
+            raise AttributeError("'NoneType' object has no attribute 'write'")
+        return withdraw(*args)
+
+    lock._protocol.withdraw = failing_once  # type: ignore[method-assign]
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert failures == 1
+    withdrawer = hub_for(client)._withdrawer
+    assert withdrawer is not None
+
+    async def withdrawn() -> bool:
+        return not await _queued(aredis, holder.keys, "gone")
+
+    try:
+        await until(withdrawn, "the cancelled waiter withdrawn", 4 * RETRY_AFTER_ERROR_S + 2)
+    finally:
+        await holder.release(lease)
+    assert not withdrawer.done() or withdrawer.exception() is None, withdrawer.exception()
