@@ -20,6 +20,7 @@ import contextvars
 import hashlib
 import hmac
 import inspect
+import sys
 import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from redis.exceptions import RedisError
 
 import redis_fifo_lock.calls as calls_module
 import redis_fifo_lock.doorbell as doorbell_module
+import redis_fifo_lock.lock as lock_module
 import redis_fifo_lock.protocol as protocol_module
 import redis_fifo_lock.renewal as renewal_module
 import redis_fifo_lock.waiting as waiting_module
@@ -54,6 +56,7 @@ from redis_fifo_lock.protocol import (
     as_text,
 )
 from redis_fifo_lock.renewal import Renewal
+from redis_fifo_lock.timeouts import within
 from redis_fifo_lock.waiting import Hub, Waiter, WaitGroup
 from tests.adversarial.actors import cancelling, protocol_arguments
 
@@ -607,6 +610,31 @@ class RetryTrustingHub(Hub):
         super().retry_ended(keys, token, answered=True)
 
 
+async def _floor_for_each_call(awaitable: Any, started: float, deadline: float | None) -> Any:
+    """MUTANT attempt-floor-each-call: every script call of an acquire is given
+    ``ATTEMPT_FLOOR_S`` however little of its timeout is left (the bug before
+    this change): on a link slower than the lease, each call made again after
+    a late grant carries ``acquire`` further past its timeout."""
+    if deadline is None:
+        return await awaitable
+    left_s = deadline - asyncio.get_running_loop().time()
+    return await within(awaitable, max(left_s, lock_module.ATTEMPT_FLOOR_S))
+
+
+class ErrorEndsWithdrawerHub(Hub):
+    """MUTANT withdrawer-dies-on-error: a withdrawal's call that fails with an
+    error that is neither an outage nor Redis's answer (redis-py's
+    ``AttributeError`` for a client closed while it writes) ends the task that
+    sends the owed withdrawals: they wait for the next one (the bug before this
+    change)."""
+
+    def _withdrawal_failed(self, withdrawal: Any, reason: str) -> bool:
+        handled = sys.exc_info()[1]
+        if not isinstance(handled, (RedisUnavailable, asyncio.TimeoutError)):
+            raise RuntimeError(reason)
+        return super()._withdrawal_failed(withdrawal, reason)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -814,6 +842,19 @@ MUTANTS: dict[str, Mutant] = {
                 (Hub._withdraw_pending, "await self._withdraw_round()"),
                 (Hub._withdraw_round, "len(withdrawn) >= WITHDRAW_PROBES_PER_ROUND"),
             ),
+        ),
+        Mutant(
+            "attempt-floor-each-call",
+            "every script call of an acquire gets ATTEMPT_FLOOR_S, however little of its "
+            "timeout is left",
+            patches=((lock_module, "_within", _floor_for_each_call),),
+            requires=((FifoLock._claim, "await _within("),),
+        ),
+        Mutant(
+            "withdrawer-dies-on-error",
+            "a withdrawal's call failing with an unexpected error ends the withdrawer task",
+            hub_class=ErrorEndsWithdrawerHub,
+            requires=((Hub._withdraw_one, 'withdrawal, f"{type(exc).__name__}: '),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

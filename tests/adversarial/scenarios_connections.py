@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -14,7 +15,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redis_fifo_lock import FifoLock, Lease, RedisUnavailable
+from redis_fifo_lock import FifoLock, Lease, LockTimeout, RedisUnavailable
+from redis_fifo_lock.lock import WITHDRAW_GRACE_S
 from redis_fifo_lock.protocol import LockKeys
 from redis_fifo_lock.waiting import Hub, hub_for
 from tests.adversarial.actors import Actor, Plan
@@ -345,6 +347,128 @@ async def owed_withdrawals_outage(ctx: Context) -> Outcome:
         finally:
             await arena.close()
     return outcome(ctx, "owed-withdrawals-outage", problems)
+
+
+SLOW_DELAY_MS, SLOW_LEASE_MS, SLOW_TIMEOUTS_S = 400, 300, (0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8)
+"""The slow-link scenario: every reply 0.4 s late, a lease of 0.3 s, and the
+timeouts its acquires are given (a lock that gives each call made again its
+own floor raised 0.72-0.92 s after these)."""
+
+SLOW_LATE_BOUND_S = WITHDRAW_GRACE_S + 0.25
+"""Longest an acquire there may raise after its timeout: the withdrawal's grace,
+and scheduling slack."""
+
+
+@scenario(
+    "slow-link-timeouts",
+    kills=("attempt-floor-each-call",),
+    faults="every reply to one process comes 0.4 s late, longer than its 0.3 s lease",
+)
+async def slow_link_timeouts(ctx: Context) -> Outcome:
+    """On a link slower than the lease no grant comes in time: each acquire
+    claims again, loses its place and joins the queue again. It must still
+    raise ``LockTimeout`` in time (its timeout, then at most the withdrawal's
+    grace), return no lease, and leave nothing queued: once the link recovers,
+    the next waiter is served as soon as the lock is free."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "slow-link", lease_ms=SLOW_LEASE_MS, poll_ms=SLOW_LEASE_MS // 2)
+    problems: list[str] = []
+    with FaultProxy("127.0.0.1", server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        arena.clients.append(client)
+        try:
+            lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+            await lock.release(await lock.acquire(timeout=5))  # scripts loaded
+            proxy.delay("down", SLOW_DELAY_MS)
+            for n, timeout_s in enumerate(SLOW_TIMEOUTS_S):
+                started = time.monotonic()
+                ended = await asyncio.gather(
+                    lock.acquire(timeout=timeout_s, token=f"slow-{n}"),
+                    return_exceptions=True,
+                )
+                late_s = time.monotonic() - started - timeout_s
+                if isinstance(ended[0], Lease):
+                    problems.append(f"slow-{n}: acquire returned a lease no reply granted in time")
+                    with contextlib.suppress(Exception):
+                        await lock.release(ended[0])
+                elif not isinstance(ended[0], LockTimeout):
+                    problems.append(f"slow-{n}: acquire ended in {ended[0]!r}, not LockTimeout")
+                elif late_s > SLOW_LATE_BOUND_S:
+                    problems.append(
+                        f"slow-{n}: acquire(timeout={timeout_s:g}) raised {late_s:.3f} s "
+                        f"after its timeout (bound {SLOW_LATE_BOUND_S:.2f} s)"
+                    )
+            proxy.delay("down", 0)
+            try:
+                await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 10)
+            except AssertionError:
+                problems.append(
+                    "a timed-out request was still queued 10 s after the link recovered"
+                )
+            holder = await arena.enter("h")
+            live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
+            await arena.until(lambda: arena.queued(token), "l is queued")
+            await arena.leave(*holder)
+            problems += await arena.served(live, token, 2.0)
+            problems += await arena.consistent()
+        finally:
+            await arena.close()
+    return outcome(ctx, "slow-link-timeouts", problems)
+
+
+GONE = 5
+"""Waiters cancelled in the withdrawal-call-error scenario."""
+
+
+@scenario(
+    "withdrawal-call-error",
+    kills=("withdrawer-dies-on-error",),
+    faults="the first withdrawal a process sends fails with AttributeError (as redis-py "
+    "raises for a client closed while it writes)",
+)
+async def withdrawal_call_error(ctx: Context) -> Outcome:
+    """Cancelled waiters are withdrawn although the first withdrawal's call failed
+    with an error that is neither an outage nor Redis's answer: the withdrawals
+    are tried again, and the next live waiter is served at once when the holder
+    leaves (not after the 30 s lease of a grant to a request nobody waits for)."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "withdraw-error", lease_ms=30_000, poll_ms=1000)
+    problems: list[str] = []
+    client = Redis.from_url(server.url)
+    arena.clients.append(client)
+    try:
+        holder = await arena.enter("h")
+        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+        tokens = [f"gone-{n}" for n in range(GONE)]
+        waiters = [asyncio.create_task(lock.acquire(timeout=60, token=t)) for t in tokens]
+        await arena.until(partial(_queue_length, arena, GONE), "every waiter queued")
+        withdraw = lock._protocol.withdraw
+        failed: list[str] = []
+
+        def failing_once(*args: Any) -> Any:
+            if not failed:
+                failed.append("withdraw")
+                arena.faults.fault("withdraw-error", os.getpid())
+                raise AttributeError("'NoneType' object has no attribute 'write'")
+            return withdraw(*args)
+
+        lock._protocol.withdraw = failing_once  # type: ignore[method-assign]
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        try:
+            await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 5)
+        except AssertionError:
+            left = await arena.admin.zcard(arena.keys.key("queue"))
+            problems.append(f"{left} cancelled requests still queued 5 s after they gave up")
+        live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
+        await arena.until(lambda: arena.queued(token), "l is queued")
+        await arena.leave(*holder)
+        problems += await arena.served(live, token, 2.0)
+        problems += await arena.consistent()
+    finally:
+        await arena.close()
+    return outcome(ctx, "withdrawal-call-error", problems)
 
 
 async def _queue_length(arena: Arena, length: int) -> bool:
