@@ -445,13 +445,21 @@ class WaitGroup:
         return min(poll_s, max(0.0, self.holder_expires_at - time.monotonic()) + EXPIRY_MARGIN_S)
 
     async def _poll_once(self) -> float:
-        """One poll; returns seconds until the next one."""
+        """One poll; returns seconds until the next one (0 when every waiter left
+        while it waited for a call slot: it was not sent, nobody needs it)."""
+
+        async def poll(client: AsyncClient) -> PollReply | None:
+            if not self.waiters:
+                # A poll queued behind other calls (every group catches up after
+                # a reconnection) whose waiters left meanwhile: thousands of
+                # them held up the hub's withdrawals and new acquires for
+                # seconds (an outside attack).
+                return None
+            return await self.protocol.poll(client, self.keys, self.session, self.settings)
+
         sent = time.monotonic()
         try:
-            reply = await self.hub.run(
-                self.hub.calls,
-                lambda client: self.protocol.poll(client, self.keys, self.session, self.settings),
-            )
+            reply = await self.hub.run(self.hub.calls, poll)
         except RedisUnavailable as exc:
             log.warning(
                 "FIFO lock %r: poll failed, retrying: %s",
@@ -467,6 +475,8 @@ class WaitGroup:
             # Never longer than a poll interval: the session's liveness (one
             # lease) must be refreshed before it runs out.
             return min(RETRY_AFTER_ERROR_S, self.settings.poll_ms / 1000)
+        if reply is None:
+            return 0.0
         self._poll_failed = False
         self._settle(reply, sent)
         poll_s = self.settings.poll_ms / 1000

@@ -57,6 +57,7 @@ from redis_fifo_lock.waiting import (
     MAX_CONCURRENT_CALLS,
     RETRY_AFTER_ERROR_S,
     WITHDRAW_PROBES_PER_ROUND,
+    WaitGroup,
     hub_for,
 )
 from tests.conftest import FaultProxyFactory
@@ -939,3 +940,57 @@ async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
     finally:
         await holder.release(lease)
     assert not withdrawer.done() or withdrawer.exception() is None, withdrawer.exception()
+
+
+async def test_polls_whose_waiters_left_while_they_waited_for_a_call_slot_are_not_sent(
+    aredis: AsyncRedis,
+    redis_url: str,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a connection reset every waiting group catches up with a poll, and
+    the polls queue for the hub's call slots. When the waiters are cancelled
+    meanwhile, those polls have nobody to poll for. Before, each was sent all
+    the same: 2,000 of them (10 ms replies) held a free lock's acquire past its
+    5 s timeout, behind them (found by an outside attack). Here 400 polls
+    (replies 20 ms late) held it about 4 s."""
+    count = 400
+    proxy = fault_proxy(redis_url)
+    client = clients(proxy.url)
+    settings = {"lease_ms": 30_000, "poll_ms": 10_000}
+    locks = [FifoLock(client, f"backlog-{n}", **settings) for n in range(count)]
+    holders = [FifoLock(aredis, lock.name, **settings) for lock in locks]
+    leases = [await holder.acquire(timeout=5) for holder in holders]
+    waiters = [asyncio.create_task(lock.acquire(timeout=60)) for lock in locks]
+    for lock in locks:
+        await until(functools.partial(aredis.zcard, lock.keys.key("queue")), f"{lock.name} queued")
+    free = FifoLock(client, "backlog-free", **settings)
+    await warm_up(free)
+    caught_up: list[object] = []
+    catch_up = WaitGroup.catch_up
+
+    def counted(group: WaitGroup) -> None:
+        caught_up.append(group)
+        catch_up(group)
+
+    monkeypatch.setattr(WaitGroup, "catch_up", counted)
+    proxy.delay("down", 20)
+    proxy.reset()  # Redis stays up; the doorbell subscribes again, every group polls
+    await until(lambda: len(caught_up) >= count, "every group catching up", 20)
+    slots = hub_for(client).calls
+    await until(lambda: len(slots._waiters or ()) >= count // 2, "the polls queued for a slot")
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    started = time.monotonic()
+    lease = await free.acquire(timeout=30)
+    took_s = time.monotonic() - started
+    await free.release(lease)
+    proxy.delay("down", 0)
+    for holder, held in zip(holders, leases, strict=True):
+        await holder.release(held)
+    assert took_s < 1.5, (
+        f"a free lock's acquire took {took_s:.2f} s behind the polls of groups whose "
+        "waiters had left"
+    )
