@@ -233,6 +233,25 @@ class PausedRetryGroup(WaitGroup):
         return await super()._poll_once()
 
 
+class PollForNobodyGroup(WaitGroup):
+    """MUTANT polls-for-nobody: a poll is sent once it has a call slot, also when
+    every waiter of its group left while it waited for one (before fcaf0c3):
+    after a reconnection every group catches up with a poll, and those of
+    cancelled waiters hold the hub's withdrawals and new acquires up."""
+
+    async def _poll_once(self) -> float:
+        sent = time.monotonic()
+        try:
+            reply = await self.hub.run(
+                self.hub.calls,
+                lambda client: self.protocol.poll(client, self.keys, self.session, self.settings),
+            )
+        except RedisUnavailable:
+            return waiting_module.RETRY_AFTER_ERROR_S
+        self._settle(reply, sent)
+        return self.settings.poll_ms / 1000
+
+
 class DoorbellOnlyGroup(WaitGroup):
     """MUTANT doorbell-only: the poll is removed; waiters rely on the doorbell alone."""
 
@@ -998,6 +1017,12 @@ MUTANTS: dict[str, Mutant] = {
             "it is tried again, though the next call would open a new connection",
             group_class=PausedRetryGroup,
             requires=((WaitGroup._poll_once, "if not self._poll_failed:"),),
+        ),
+        Mutant(
+            "polls-for-nobody",
+            "a poll is sent though every waiter of its group left while it waited for a call slot",
+            group_class=PollForNobodyGroup,
+            requires=((WaitGroup._poll_once, "if not self.waiters:"),),
         ),
         Mutant(
             "doorbell-only",

@@ -416,6 +416,70 @@ async def slow_link_timeouts(ctx: Context) -> Outcome:
     return outcome(ctx, "slow-link-timeouts", problems)
 
 
+BACKLOG, BACKLOG_DELAY_MS = 400, 20
+"""Groups catching up in the catch-up-backlog scenario, and its replies' delay."""
+
+
+@scenario(
+    "catch-up-backlog",
+    kills=("polls-for-nobody",),
+    faults="one process's connections reset while it waits on 400 locks (replies 20 ms "
+    "late), and every waiter cancelled while the groups' catch-up polls wait for a call slot",
+)
+async def catch_up_backlog(ctx: Context) -> Outcome:
+    """After a reconnection every waiting group polls to catch up, and those
+    polls queue for the hub's two call slots. Waiters cancelled meanwhile leave
+    them with nobody to poll for: they must not hold up the process's next
+    acquire of a free lock (at most 1.5 s here; 400 polls take 4 s)."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "backlog", lease_ms=30_000, poll_ms=10_000)
+    problems: list[str] = []
+    with FaultProxy("127.0.0.1", server.port) as proxy:
+        client = Redis.from_url(proxy.url)
+        arena.clients.append(client)
+        try:
+            lock_names = [f"{arena.name}-{n}" for n in range(BACKLOG)]
+            held = [
+                await FifoLock(arena.admin, name, **arena.settings).acquire(timeout=5)
+                for name in lock_names
+            ]
+            mutant = variant(ctx.mutant)
+            locks = [mutant.lock(client, name, **arena.settings) for name in lock_names]
+            waiters = [asyncio.create_task(lock.acquire(timeout=60)) for lock in locks]
+            for lock in locks:
+                await arena.until(
+                    partial(arena.admin.zcard, lock.keys.key("queue")), f"{lock.name} queued"
+                )
+            free = mutant.lock(client, arena.name, **arena.settings)
+            await free.release(await free.acquire(timeout=5))  # scripts loaded
+            slots = hub_for(client).calls
+            proxy.delay("down", BACKLOG_DELAY_MS)
+            proxy.reset()
+            arena.faults.fault("clientkill", os.getpid())
+            await arena.until(
+                lambda: len(slots._waiters or ()) >= BACKLOG // 2, "the catch-up polls queued", 20
+            )
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            started = time.monotonic()
+            lease = await free.acquire(timeout=30)
+            took_s = time.monotonic() - started
+            await free.release(lease)
+            if took_s > 1.5:
+                problems.append(
+                    f"a free lock's acquire took {took_s:.2f} s behind {BACKLOG} polls "
+                    "of groups whose waiters had left"
+                )
+            proxy.delay("down", 0)
+            for name, lease_h in zip(lock_names, held, strict=True):
+                await FifoLock(arena.admin, name, **arena.settings).release(lease_h)
+            problems += await arena.consistent()
+        finally:
+            await arena.close()
+    return outcome(ctx, "catch-up-backlog", problems)
+
+
 GONE = 5
 """Waiters cancelled in the withdrawal-call-error scenario."""
 
