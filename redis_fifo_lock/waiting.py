@@ -523,6 +523,9 @@ class _Withdrawal:
     """Its last attempt failed with an error Redis replied with about its lock's
     keys (``KEY_ERRORS``): Redis serves, the lock's keys are at fault (see
     ``WITHDRAW_PROBES_PER_ROUND``)."""
+    broke: bool = False
+    """An attempt failed unexpectedly (a bug somewhere), and that was said (see
+    ``Hub._withdrawal_broke``)."""
 
 
 def _about_its_keys(error: BaseException | None) -> bool:
@@ -856,17 +859,34 @@ class Hub:
         except asyncio.TimeoutError:
             return self._withdrawal_failed(withdrawal, "no reply")
         except Exception as exc:
-            # Neither an outage nor Redis's answer (redis-py raises AttributeError
-            # when the client is closed while it writes): the task sending the
-            # owed withdrawals must not end on it, or they would wait for the
-            # next one; the withdrawal is tried again like any other.
-            return self._withdrawal_failed(
-                withdrawal, f"{type(exc).__name__}: {shown_value(str(exc))}"
-            )
+            return self._withdrawal_broke(withdrawal, exc)
         if outcome == GAVE_BACK:
             metrics.gave_back(group.keys)
             log.debug("FIFO lock %r: gave back the grant to %s", group.keys.name, withdrawal.token)
         return True
+
+    def _withdrawal_broke(self, withdrawal: _Withdrawal, error: Exception) -> bool:
+        """A try of ``withdrawal`` failed with ``error``, neither an outage nor
+        Redis's answer (redis-py raises ``AttributeError`` when the client is
+        closed while it writes): a bug somewhere, said loudly, with its
+        traceback, the first time it does. The task sending the owed
+        withdrawals must not end on it, or they would wait for the next one:
+        the withdrawal is tried again like any other. Returns False (it is
+        still owed)."""
+        if not withdrawal.broke:
+            withdrawal.broke = True
+            withdrawal.failures += 1
+            log.error(
+                "FIFO lock %r: withdrawing request %s failed unexpectedly; retrying every %g s",
+                withdrawal.group.keys.name,
+                withdrawal.token,
+                RETRY_AFTER_ERROR_S,
+                exc_info=error,
+            )
+            return False
+        return self._withdrawal_failed(
+            withdrawal, f"{type(error).__name__}: {shown_value(str(error))}"
+        )
 
     def _withdrawal_failed(self, withdrawal: _Withdrawal, reason: str) -> bool:
         """A try of ``withdrawal`` failed for ``reason``: say so (at its first

@@ -900,14 +900,20 @@ async def test_withdrawals_waiting_for_a_call_slot_when_their_client_is_dropped_
 
 
 async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
-    aredis: AsyncRedis, redis_url: str, clients: Callable[..., AsyncRedis]
+    aredis: AsyncRedis,
+    redis_url: str,
+    clients: Callable[..., AsyncRedis],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A withdrawal's call fails with an error that is neither an outage nor
     Redis's answer: here an ``AttributeError``, as redis-py raises when a client
     is closed while it writes (its writer gone). Before, that error ended the task
     sending the owed withdrawals (found by an outside attack, from the code):
     the cancelled waiter stayed queued, and the next holder waited for it to be
-    granted and expire. It is now counted as a failed try, and tried again."""
+    granted and expire. It is now counted as a failed try, and tried again; and,
+    being a bug somewhere, said loudly once, with its traceback (an outside
+    attack saw a persistent one retried for ever with one WARNING and no
+    traceback)."""
     holder = FifoLock(aredis, "withdraw-error", lease_ms=7000, poll_ms=1000)
     client = clients(redis_url)
     lock = FifoLock(client, holder.name, lease_ms=7000, poll_ms=1000)
@@ -926,6 +932,7 @@ async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
         return withdraw(*args)
 
     lock._protocol.withdraw = failing_once  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert failures == 1
@@ -940,6 +947,14 @@ async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
     finally:
         await holder.release(lease)
     assert not withdrawer.done() or withdrawer.exception() is None, withdrawer.exception()
+    said = [
+        record
+        for record in caplog.records
+        if record.levelno >= logging.ERROR
+        and record.exc_info is not None
+        and isinstance(record.exc_info[1], AttributeError)
+    ]
+    assert len(said) == 1, caplog.text
 
 
 async def test_polls_whose_waiters_left_while_they_waited_for_a_call_slot_are_not_sent(

@@ -20,7 +20,6 @@ import contextvars
 import hashlib
 import hmac
 import inspect
-import sys
 import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
@@ -644,14 +643,11 @@ class ErrorEndsWithdrawerHub(Hub):
     """MUTANT withdrawer-dies-on-error: a withdrawal's call that fails with an
     error that is neither an outage nor Redis's answer (redis-py's
     ``AttributeError`` for a client closed while it writes) ends the task that
-    sends the owed withdrawals: they wait for the next one (the bug before this
-    change)."""
+    sends the owed withdrawals: they wait for the next one (the bug before
+    3bf7663)."""
 
-    def _withdrawal_failed(self, withdrawal: Any, reason: str) -> bool:
-        handled = sys.exc_info()[1]
-        if not isinstance(handled, (RedisUnavailable, asyncio.TimeoutError)):
-            raise RuntimeError(reason)
-        return super()._withdrawal_failed(withdrawal, reason)
+    def _withdrawal_broke(self, withdrawal: Any, error: Exception) -> bool:
+        raise error
 
 
 @dataclass(frozen=True)
@@ -873,7 +869,7 @@ MUTANTS: dict[str, Mutant] = {
             "withdrawer-dies-on-error",
             "a withdrawal's call failing with an unexpected error ends the withdrawer task",
             hub_class=ErrorEndsWithdrawerHub,
-            requires=((Hub._withdraw_one, 'withdrawal, f"{type(exc).__name__}: '),),
+            requires=((Hub._withdraw_one, "return self._withdrawal_broke(withdrawal, exc)"),),
         ),
         Mutant(
             "abandoned-not-withdrawn",
