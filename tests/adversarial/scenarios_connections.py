@@ -334,15 +334,8 @@ async def owed_withdrawals_outage(ctx: Context) -> Outcome:
                 )
             proxy.max_connections = 256
             arena.faults.fault("connections-accepted", os.getpid())
-            try:
-                await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 10)
-            except AssertionError:
-                left = await arena.admin.zcard(arena.keys.key("queue"))
-                problems.append(f"{left} given-up requests still queued 10 s after the outage")
-            live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
-            await arena.until(lambda: arena.queued(token), "l is queued")
-            await arena.leave(*holder)
-            problems += await arena.served(live, token, 2.0)
+            problems += await _queue_emptied(arena, 10, "the outage")
+            problems += await _next_served(arena, holder)
             problems += await arena.consistent()
         finally:
             await arena.close()
@@ -399,17 +392,8 @@ async def slow_link_timeouts(ctx: Context) -> Outcome:
                         f"after its timeout (bound {SLOW_LATE_BOUND_S:.2f} s)"
                     )
             proxy.delay("down", 0)
-            try:
-                await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 10)
-            except AssertionError:
-                problems.append(
-                    "a timed-out request was still queued 10 s after the link recovered"
-                )
-            holder = await arena.enter("h")
-            live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
-            await arena.until(lambda: arena.queued(token), "l is queued")
-            await arena.leave(*holder)
-            problems += await arena.served(live, token, 2.0)
+            problems += await _queue_emptied(arena, 10, "the link recovered")
+            problems += await _next_served(arena, await arena.enter("h"))
             problems += await arena.consistent()
         finally:
             await arena.close()
@@ -520,19 +504,32 @@ async def withdrawal_call_error(ctx: Context) -> Outcome:
         for waiter in waiters:
             waiter.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
-        try:
-            await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 5)
-        except AssertionError:
-            left = await arena.admin.zcard(arena.keys.key("queue"))
-            problems.append(f"{left} cancelled requests still queued 5 s after they gave up")
-        live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
-        await arena.until(lambda: arena.queued(token), "l is queued")
-        await arena.leave(*holder)
-        problems += await arena.served(live, token, 2.0)
+        problems += await _queue_emptied(arena, 5, "they gave up")
+        problems += await _next_served(arena, holder)
         problems += await arena.consistent()
     finally:
         await arena.close()
     return outcome(ctx, "withdrawal-call-error", problems)
+
+
+async def _queue_emptied(arena: Arena, within_s: float, after: str) -> list[str]:
+    """A problem unless every request leaves the queue within ``within_s``
+    seconds (``after`` what, for the message)."""
+    try:
+        await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", within_s)
+    except AssertionError:
+        left = await arena.admin.zcard(arena.keys.key("queue"))
+        return [f"{left} given-up requests still queued {within_s:g} s after {after}"]
+    return []
+
+
+async def _next_served(arena: Arena, holder: tuple[FifoLock, Actor, Any]) -> list[str]:
+    """A live waiter queued behind ``holder`` (``Arena.enter``'s) enters within
+    2 s of the holder leaving."""
+    live, token = arena.waiter("l", Plan(0.01, timeout_s=10))
+    await arena.until(lambda: arena.queued(token), "l is queued")
+    await arena.leave(*holder)
+    return await arena.served(live, token, 2.0)
 
 
 async def _queue_length(arena: Arena, length: int) -> bool:
