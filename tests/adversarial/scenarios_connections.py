@@ -313,11 +313,7 @@ async def owed_withdrawals_outage(ctx: Context) -> Outcome:
         client = Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         arena.clients.append(client)
         try:
-            holder = await arena.enter("h")
-            lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
-            tokens = [f"owed-{n}" for n in range(OWED)]
-            waiters = [asyncio.create_task(lock.acquire(timeout=60, token=t)) for t in tokens]
-            await arena.until(partial(_queue_length, arena, OWED), "every waiter queued")
+            holder, _, waiters = await _queued_behind_a_holder(arena, ctx.mutant, client, OWED)
             arena.faults.fault("refuse-connections", os.getpid())
             proxy.max_connections = 0
             proxy.reset()
@@ -485,11 +481,7 @@ async def withdrawal_call_error(ctx: Context) -> Outcome:
     client = Redis.from_url(server.url)
     arena.clients.append(client)
     try:
-        holder = await arena.enter("h")
-        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
-        tokens = [f"gone-{n}" for n in range(GONE)]
-        waiters = [asyncio.create_task(lock.acquire(timeout=60, token=t)) for t in tokens]
-        await arena.until(partial(_queue_length, arena, GONE), "every waiter queued")
+        holder, lock, waiters = await _queued_behind_a_holder(arena, ctx.mutant, client, GONE)
         withdraw = lock._protocol.withdraw
         failed: list[str] = []
 
@@ -510,6 +502,19 @@ async def withdrawal_call_error(ctx: Context) -> Outcome:
     finally:
         await arena.close()
     return outcome(ctx, "withdrawal-call-error", problems)
+
+
+async def _queued_behind_a_holder(
+    arena: Arena, mutant: str, client: Redis, count: int
+) -> tuple[tuple[FifoLock, Actor, Any], FifoLock, list[asyncio.Task[Lease]]]:
+    """A contender holds the arena's lock and ``count`` acquires (timeout 60 s)
+    of ``mutant``'s lock on ``client`` wait behind it, all queued: the holder
+    (``Arena.enter``'s), that lock, and their tasks."""
+    holder = await arena.enter("h")
+    lock = variant(mutant).lock(client, arena.name, **arena.settings)
+    waiters = [asyncio.create_task(lock.acquire(timeout=60)) for _ in range(count)]
+    await arena.until(partial(_queue_length, arena, count), "every waiter queued")
+    return holder, lock, waiters
 
 
 async def _queue_emptied(arena: Arena, within_s: float, after: str) -> list[str]:
