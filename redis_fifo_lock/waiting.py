@@ -736,7 +736,10 @@ class Hub:
     async def _withdraw_round(self) -> bool:
         """One round of the owed withdrawals (see ``WITHDRAW_PROBES_PER_ROUND``);
         True if Redis answered every one that was owed when it began."""
-        owed = list(self._withdrawals)
+        # The withdrawals themselves, not their keys: one that lands can be asked
+        # for again meanwhile (an acquire given up by its timeout, then by its
+        # caller's cancellation), and that later request is no failure of this round.
+        owed = list(self._withdrawals.items())
         by_lock: dict[LockKeys, list[tuple[WithdrawalKey, _Withdrawal]]] = {}
         for key, withdrawal in self._withdrawals.items():  # oldest first
             if not withdrawal.suspended:  # else a retry of its token is on its way
@@ -766,7 +769,7 @@ class Hub:
             if withdrawn[lock]:
                 for others in _batches(by_lock[lock][1:]):
                     await asyncio.gather(*(self._withdraw_settled(*other) for other in others))
-        return not any(key in self._withdrawals for key in owed)
+        return not any(self._withdrawals.get(key) is withdrawal for key, withdrawal in owed)
 
     async def _withdraw_oldest(
         self, owed: list[tuple[WithdrawalKey, _Withdrawal]]

@@ -82,6 +82,10 @@ async def holder_token(admin: AsyncRedis, keys: LockKeys) -> str | None:
     return None if token is None else _text(token)
 
 
+async def waiting_count(lock: FifoLock, count: int) -> bool:
+    return (await lock.status()).waiting == count
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -423,6 +427,52 @@ async def test_a_late_withdraw_leaves_alone_a_request_a_retry_took_over(
     assert outcome == 0, f"a late withdraw of the replaced call gave {outcome}"
     assert await aredis.zscore(keys.key("queue"), "v") == ticket
     await lock.release(holder)
+
+
+async def test_a_withdrawal_asked_for_again_after_it_landed_holds_up_no_other(
+    aredis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acquire that timed out waits for its withdrawal; its caller's own
+    cancellation (``asyncio.wait_for`` a hair longer) can come just as that
+    withdrawal lands, and the acquire asks for it again. That second request
+    is a fact about the moment before the answer; the withdrawals owed
+    meanwhile must not be held up by it (taken for one Redis did not answer,
+    it made the hub pause its withdrawals for ``RETRY_AFTER_ERROR_S``, and
+    the requests that timed out stayed queued, the next granted one stalling
+    the lock)."""
+    lock = FifoLock(aredis, "withdrawn-twice", lease_ms=5000, poll_ms=2500)
+    holder = await lock.acquire(timeout=5)
+    hub = hub_for(aredis)
+    tasks: dict[str, asyncio.Task[Lease]] = {}
+    asked: list[str] = []
+    withdraw = hub.withdraw
+
+    def choreographed(group: WaitGroup, token: str, ticket: int, call: str) -> Any:
+        asked.append(token)
+        if token == "a" and asked.count("a") == 1:
+            tasks["b"].cancel()  # owed in the same round as a's, and sent after it
+        if token == "a" and asked.count("a") == 2:
+            tasks["c"].cancel()  # owed while the round that landed a's goes on
+        done = withdraw(group, token, ticket, call)
+        if token == "a" and asked.count("a") == 1:
+            # a's caller gives up as a's withdrawal lands (wait_for's own timeout).
+            done.add_done_callback(lambda _: tasks["a"].cancel())
+        return done
+
+    monkeypatch.setattr(hub, "withdraw", choreographed)
+    tasks["a"] = asyncio.create_task(lock.acquire(timeout=0.5, token="a"))
+    for token in ("b", "c"):
+        tasks[token] = asyncio.create_task(lock.acquire(token=token))
+    await until(lambda: waiting_count(lock, 3), "a, b and c are queued", timeout_s=5)
+    outcomes = await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert asked.count("a") == 2, f"a's withdrawal was asked for {asked.count('a')} times"
+    status = await lock.status()
+    await lock.release(holder)
+    assert status.waiting == 0, (
+        f"{status.waiting} given-up request(s) still queued once their acquires ended: "
+        "the withdrawals owed were held up"
+    )
 
 
 async def test_a_late_copy_of_an_earlier_call_never_takes_a_request_over(
