@@ -650,6 +650,20 @@ class ErrorEndsWithdrawerHub(Hub):
         raise error
 
 
+class KeyJudgedRoundHub(Hub):
+    """MUTANT round-judged-by-key: a round of withdrawals counts as failed when a
+    key it began with is owed again at its end, though what is owed is a new
+    request for a withdrawal that landed (an acquire given up by its timeout,
+    then by its caller's cancellation): the hub pauses for
+    ``RETRY_AFTER_ERROR_S`` and the withdrawals owed meanwhile wait (the bug
+    before this change)."""
+
+    async def _withdraw_round(self) -> bool:
+        owed = list(self._withdrawals)
+        answered = await super()._withdraw_round()
+        return answered and not any(key in self._withdrawals for key in owed)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -870,6 +884,12 @@ MUTANTS: dict[str, Mutant] = {
             "a withdrawal's call failing with an unexpected error ends the withdrawer task",
             hub_class=ErrorEndsWithdrawerHub,
             requires=((Hub._withdraw_one, "return self._withdrawal_broke(withdrawal, exc)"),),
+        ),
+        Mutant(
+            "round-judged-by-key",
+            "a round of withdrawals fails when a key it landed is owed again at its end",
+            hub_class=KeyJudgedRoundHub,
+            requires=((Hub._withdraw_round, "self._withdrawals.get(key) is withdrawal"),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

@@ -504,6 +504,74 @@ async def withdrawal_call_error(ctx: Context) -> Outcome:
     return outcome(ctx, "withdrawal-call-error", problems)
 
 
+TWICE_WITHIN_S = 0.4
+"""Bound, in seconds, from the last cancellation of the withdrawn-twice scenario
+until every request left the queue: a withdrawal Redis answers at once lands in
+milliseconds; a hub that pauses its withdrawals pauses for 0.5 s."""
+
+
+@scenario(
+    "withdrawn-twice",
+    kills=("round-judged-by-key",),
+    faults="an acquire times out and its caller's cancellation comes just as the "
+    "withdrawal lands, while other waiters of the process are cancelled",
+)
+async def withdrawn_twice(ctx: Context) -> Outcome:
+    """An acquire given up by its timeout, then by its caller (``asyncio.wait_for``
+    a hair longer) just as its withdrawal landed, asks for the withdrawal
+    again. The withdrawals owed meanwhile land at once all the same: every
+    request has left the queue within ``TWICE_WITHIN_S`` of the last
+    cancellation, and the next live waiter is served when the holder leaves."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "withdrawn-twice", lease_ms=30_000, poll_ms=1000)
+    problems: list[str] = []
+    client = Redis.from_url(server.url)
+    arena.clients.append(client)
+    try:
+        holder = await arena.enter("h")
+        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+        hub = hub_for(client)
+        tasks: dict[str, asyncio.Task[Lease]] = {}
+        asked: list[str] = []
+        last_cancel: list[float] = []
+        withdraw = hub.withdraw
+
+        def cancel(token: str) -> None:
+            last_cancel.append(time.monotonic())
+            tasks[token].cancel()
+
+        def timed(group: Any, token: str, ticket: int, call: str) -> Any:
+            asked.append(token)
+            if token == "a":
+                cancel("b" if asked.count("a") == 1 else "c")
+            done = withdraw(group, token, ticket, call)
+            if token == "a" and asked.count("a") == 1:
+                done.add_done_callback(lambda _: cancel("a"))
+            return done
+
+        hub.withdraw = timed  # type: ignore[method-assign]
+        tasks["a"] = asyncio.create_task(lock.acquire(timeout=1, token="a"))
+        for token in ("b", "c"):
+            tasks[token] = asyncio.create_task(lock.acquire(timeout=60, token=token))
+        await arena.until(partial(_queue_length, arena, 3), "a, b and c queued")
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        if asked.count("a") != 2:
+            missed = f"CRASH: a's withdrawal was asked for {asked.count('a')} times, not twice"
+            return outcome(ctx, "withdrawn-twice", [missed])
+        await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 5)
+        late_s = time.monotonic() - last_cancel[-1]
+        if late_s > TWICE_WITHIN_S:
+            problems.append(
+                f"the given-up requests left the queue {late_s:.3f} s after the last "
+                f"cancellation (bound {TWICE_WITHIN_S} s)"
+            )
+        problems += await _next_served(arena, holder)
+        problems += await arena.consistent()
+    finally:
+        await arena.close()
+    return outcome(ctx, "withdrawn-twice", problems)
+
+
 async def _queued_behind_a_holder(
     arena: Arena, mutant: str, client: Redis, count: int
 ) -> tuple[tuple[FifoLock, Actor, Any], FifoLock, list[asyncio.Task[Lease]]]:
