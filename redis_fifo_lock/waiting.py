@@ -686,9 +686,14 @@ class Hub:
         done = self.loop.create_future()
         self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
         call_ids().enter(group.keys, call)
+        self._start_withdrawer()
+        return done
+
+    def _start_withdrawer(self) -> asyncio.Task[None]:
+        """The task sending the owed withdrawals, started if it is not running."""
         if self._withdrawer is None or self._withdrawer.done():
             self._withdrawer = self.loop.create_task(self._withdraw_pending())
-        return done
+        return self._withdrawer
 
     def reclaim(self, keys: LockKeys, token: str) -> None:
         """``token`` is asked for again (a retry after ``RedisUnavailable``): its
@@ -724,9 +729,25 @@ class Hub:
                 pending.done.cancel()
             else:
                 pending.suspended = False
+                self._start_withdrawer()
+
+    def _sendable(self) -> bool:
+        """Whether a withdrawal is owed that no retry holds back: the withdrawer
+        stops when none is, and ``retry_ended`` starts it again."""
+        return any(not withdrawal.suspended for withdrawal in self._withdrawals.values())
+
+    def _unanswered(self, owed: list[tuple[WithdrawalKey, _Withdrawal]]) -> bool:
+        """Whether any of ``owed`` is still owed as it was: not landed, and not
+        held back or taken over by a retry of its token meanwhile. A new request
+        under its key (an acquire given up by its timeout, then by its caller's
+        cancellation, asks again once the first landed) is none of them."""
+        return any(
+            self._withdrawals.get(key) is withdrawal and not withdrawal.suspended
+            for key, withdrawal in owed
+        )
 
     async def _withdraw_pending(self) -> None:
-        while self._withdrawals:
+        while self._sendable():
             if self._client() is None:
                 self._drop_withdrawals()
                 return
@@ -735,15 +756,16 @@ class Hub:
 
     async def _withdraw_round(self) -> bool:
         """One round of the owed withdrawals (see ``WITHDRAW_PROBES_PER_ROUND``);
-        True if Redis answered every one that was owed when it began."""
-        # The withdrawals themselves, not their keys: one that lands can be asked
-        # for again meanwhile (an acquire given up by its timeout, then by its
-        # caller's cancellation), and that later request is no failure of this round.
-        owed = list(self._withdrawals.items())
+        True unless one that was owed when it began is still owed, unanswered
+        (see ``_unanswered``)."""
+        owed = [
+            (key, withdrawal)
+            for key, withdrawal in self._withdrawals.items()  # oldest first
+            if not withdrawal.suspended  # else a retry of its token is on its way
+        ]
         by_lock: dict[LockKeys, list[tuple[WithdrawalKey, _Withdrawal]]] = {}
-        for key, withdrawal in self._withdrawals.items():  # oldest first
-            if not withdrawal.suspended:  # else a retry of its token is on its way
-                by_lock.setdefault(key[0], []).append((key, withdrawal))
+        for key, withdrawal in owed:
+            by_lock.setdefault(key[0], []).append((key, withdrawal))
         locks = list(by_lock)
         start = self._withdraw_from % len(locks) if locks else 0
         withdrawn: dict[LockKeys, bool] = {}  # a lock's oldest owed withdrawal landed
@@ -754,7 +776,7 @@ class Hub:
                 break
         if not replied:
             self._withdraw_from = start + len(withdrawn)  # the next round probes the others
-            return False
+            return not self._unanswered(owed)
         self._withdraw_from = 0
         # Redis answers: each lock's oldest first (it may head its queue, with a
         # live waiter behind it), then the others of the locks whose oldest landed.
@@ -769,17 +791,23 @@ class Hub:
             if withdrawn[lock]:
                 for others in _batches(by_lock[lock][1:]):
                     await asyncio.gather(*(self._withdraw_settled(*other) for other in others))
-        return not any(self._withdrawals.get(key) is withdrawal for key, withdrawal in owed)
+        return not self._unanswered(owed)
 
     async def _withdraw_oldest(
         self, owed: list[tuple[WithdrawalKey, _Withdrawal]]
     ) -> tuple[bool, bool]:
         """Send one lock's oldest owed withdrawal: whether it landed, and whether
-        Redis replied (also with an error: the lock's scripts fail, not Redis)."""
-        key, oldest = owed[0]
-        if await self._withdraw_settled(key, oldest):
-            return True, True
-        return False, oldest.replied
+        Redis replied (also with an error: the lock's scripts fail, not Redis).
+        One held back for a retry of its token meanwhile (see ``reclaim``) says
+        neither: the next is sent instead; (False, False) if none is left."""
+        for key, oldest in owed:
+            if oldest.suspended or self._withdrawals.get(key) is not oldest:
+                continue
+            if await self._withdraw_settled(key, oldest):
+                return True, True
+            if not oldest.suspended:
+                return False, oldest.replied
+        return False, False
 
     async def _withdraw_settled(self, key: WithdrawalKey, withdrawal: _Withdrawal) -> bool:
         """Send ``withdrawal``; once Redis answered it, it is no longer owed."""
@@ -966,9 +994,7 @@ class Hub:
         for key, (work, task) in list(self._duties.items()):
             running.append(self.duty(key, work) if task.done() else task)
         if self._withdrawals:
-            if self._withdrawer is None or self._withdrawer.done():
-                self._withdrawer = self.loop.create_task(self._withdraw_pending())
-            running.append(self._withdrawer)
+            running.append(self._start_withdrawer())
         return running
 
     async def aclose(self) -> None:

@@ -397,6 +397,95 @@ def silence(
         fault.end()  # never leave a stopped server behind
 
 
+async def test_a_withdrawal_held_back_for_a_retry_holds_up_no_other_withdrawal(
+    aredis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A withdrawal held back while a retry of its token is on its way (see
+    ``Hub.reclaim``) is no failure of the round that could not send it: the
+    hub goes on withdrawing the other requests at once (found by an outside
+    attack: the round counted it as unanswered, the hub paused for
+    ``RETRY_AFTER_ERROR_S``, a request cancelled meanwhile was still queued
+    when its acquire ended, and the holder's release granted it)."""
+    lock = FifoLock(aredis, "held-back", lease_ms=30_000, poll_ms=10_000)
+    holder = await lock.acquire(timeout=5)
+    keys = lock.keys
+    tasks: dict[str, asyncio.Task[Lease]] = {}
+    for token in ("y", "z", "x"):
+        tasks[token] = asyncio.create_task(lock.acquire(token=token))
+        await until(functools.partial(_queued, aredis, keys, token), f"{token} queued")
+    gate = asyncio.Event()  # x's retry stays on its way until it opens
+    acquire = lock._protocol.acquire
+
+    async def gated(client: Any, keys: LockKeys, token: str, *args: Any, **kw: Any) -> Any:
+        if token == "x":
+            await gate.wait()
+        return await acquire(client, keys, token, *args, **kw)
+
+    monkeypatch.setattr(lock._protocol, "acquire", gated)  # the protocol is shared
+    tasks["y"].cancel()
+    tasks["x"].cancel()
+    await asyncio.sleep(0)  # both withdrawals owed; x's caller stops waiting for its own
+    tasks["x"].cancel()
+    await asyncio.gather(tasks["x"], return_exceptions=True)
+    retry = asyncio.create_task(lock.acquire(timeout=30, token="x"))  # keeps x's place
+    await asyncio.gather(tasks["y"], return_exceptions=True)
+    await until(functools.partial(_not_queued, aredis, keys, "y"), "y withdrawn")
+    tasks["z"].cancel()
+    await asyncio.gather(tasks["z"], return_exceptions=True)
+    z_queued = await _queued(aredis, keys, "z")
+    gate.set()
+    await until(lambda: _queued_call(aredis, keys, "x"), "x's retry at Redis")
+    await lock.release(holder)
+    await lock.release(await asyncio.wait_for(retry, 10))
+    assert not z_queued, (
+        "z was still queued when its cancelled acquire ended: its withdrawal waited "
+        "behind the one held back for x's retry"
+    )
+
+
+async def test_a_withdrawal_held_back_for_a_retry_that_never_reached_redis_is_sent(
+    aredis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's withdrawer stops while every owed withdrawal is held back for a
+    retry of its token; once the retry ends without Redis's reply (cancelled
+    before it was sent), the first request is withdrawn all the same."""
+    lock = FifoLock(aredis, "held-back-alone", lease_ms=30_000, poll_ms=10_000)
+    holder = await lock.acquire(timeout=5)
+    keys = lock.keys
+    first = asyncio.create_task(lock.acquire(token="x"))
+    await until(functools.partial(_queued, aredis, keys, "x"), "x queued")
+    gate = asyncio.Event()  # never opened: the retry is cancelled before it is sent
+    acquire, withdraw = lock._protocol.acquire, lock._protocol.withdraw
+    withdrawals: list[str] = []
+
+    async def gated(client: Any, keys: LockKeys, token: str, *args: Any, **kw: Any) -> Any:
+        await gate.wait()
+        return await acquire(client, keys, token, *args, **kw)
+
+    async def first_on_its_way(*args: Any) -> Any:
+        withdrawals.append("x")
+        if len(withdrawals) == 1:
+            await gate.wait()  # on its way until the retry cuts it short
+        return await withdraw(*args)
+
+    monkeypatch.setattr(lock._protocol, "acquire", gated)  # the protocol is shared
+    monkeypatch.setattr(lock._protocol, "withdraw", first_on_its_way)
+    first.cancel()
+    await asyncio.sleep(0)  # its withdrawal owed; the caller stops waiting for it
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    retry = asyncio.create_task(lock.acquire(timeout=30, token="x"))
+    await until(lambda: withdrawals, "x's withdrawal on its way")
+    withdrawer = hub_for(aredis)._withdrawer
+    assert withdrawer is not None
+    await asyncio.wait({withdrawer}, timeout=5)  # nothing it may send
+    assert withdrawer.done() and await _queued(aredis, keys, "x")
+    retry.cancel()
+    await asyncio.gather(retry, return_exceptions=True)
+    await until(functools.partial(_not_queued, aredis, keys, "x"), "x withdrawn", 5)
+    await lock.release(holder)
+
+
 async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answer(
     silence: Silence, clients: Callable[..., AsyncRedis]
 ) -> None:
