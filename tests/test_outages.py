@@ -993,6 +993,7 @@ async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
     redis_url: str,
     clients: Callable[..., AsyncRedis],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A withdrawal's call fails with an error that is neither an outage nor
     Redis's answer: here an ``AttributeError``, as redis-py raises when a client
@@ -1020,7 +1021,7 @@ async def test_a_withdrawal_whose_call_failed_unexpectedly_is_sent_again(
             raise AttributeError("'NoneType' object has no attribute 'write'")
         return withdraw(*args)
 
-    lock._protocol.withdraw = failing_once  # type: ignore[method-assign]
+    monkeypatch.setattr(lock._protocol, "withdraw", failing_once)  # the protocol is shared
     caplog.set_level(logging.WARNING, logger="redis_fifo_lock")
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)

@@ -493,10 +493,13 @@ async def withdrawal_call_error(ctx: Context) -> Outcome:
             return withdraw(*args)
 
         lock._protocol.withdraw = failing_once  # type: ignore[method-assign]
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-        problems += await _queue_emptied(arena, 5, "they gave up")
+        try:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            problems += await _queue_emptied(arena, 5, "they gave up")
+        finally:
+            del lock._protocol.withdraw  # the protocol is shared by every lock
         problems += await _next_served(arena, holder)
         problems += await arena.consistent()
     finally:
