@@ -656,12 +656,22 @@ class KeyJudgedRoundHub(Hub):
     request for a withdrawal that landed (an acquire given up by its timeout,
     then by its caller's cancellation): the hub pauses for
     ``RETRY_AFTER_ERROR_S`` and the withdrawals owed meanwhile wait (the bug
-    before this change)."""
+    before 8d736dd)."""
 
     async def _withdraw_round(self) -> bool:
-        owed = list(self._withdrawals)
+        owed = [key for key, withdrawal in self._withdrawals.items() if not withdrawal.suspended]
         answered = await super()._withdraw_round()
         return answered and not any(key in self._withdrawals for key in owed)
+
+
+class HeldBackUnansweredHub(Hub):
+    """MUTANT held-back-unanswered: a round of withdrawals counts one held back
+    for a same-token retry meanwhile (see ``Hub.reclaim``) as unanswered: the
+    hub pauses for ``RETRY_AFTER_ERROR_S`` while the retry is on its way, and
+    the withdrawals owed meanwhile wait (the bug before 5eb32de)."""
+
+    def _unanswered(self, owed: list[tuple[Any, Any]]) -> bool:
+        return any(self._withdrawals.get(key) is withdrawal for key, withdrawal in owed)
 
 
 @dataclass(frozen=True)
@@ -889,7 +899,13 @@ MUTANTS: dict[str, Mutant] = {
             "round-judged-by-key",
             "a round of withdrawals fails when a key it landed is owed again at its end",
             hub_class=KeyJudgedRoundHub,
-            requires=((Hub._withdraw_round, "self._withdrawals.get(key) is withdrawal"),),
+            requires=((Hub._unanswered, "self._withdrawals.get(key) is withdrawal"),),
+        ),
+        Mutant(
+            "held-back-unanswered",
+            "a round of withdrawals fails on one held back for a same-token retry",
+            hub_class=HeldBackUnansweredHub,
+            requires=((Hub._withdraw_round, "return not self._unanswered(owed)"),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

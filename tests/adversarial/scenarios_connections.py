@@ -575,6 +575,75 @@ async def withdrawn_twice(ctx: Context) -> Outcome:
     return outcome(ctx, "withdrawn-twice", problems)
 
 
+@scenario(
+    "held-back-withdrawal",
+    kills=("held-back-unanswered",),
+    faults="two waiters cancelled together, one retried with its token at once (the "
+    "retry held on its way), a third cancelled while the retry is on its way",
+)
+async def held_back_withdrawal(ctx: Context) -> Outcome:
+    """While a same-token retry is on its way, its first request's withdrawal is
+    held back (the retry takes the request over); the withdrawals of the
+    others go on at once: a request cancelled meanwhile has left the queue
+    within ``TWICE_WITHIN_S`` of its cancellation, and the retry keeps its
+    place (it is served first when the holder leaves)."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "held-back", lease_ms=30_000, poll_ms=1000)
+    problems: list[str] = []
+    client = Redis.from_url(server.url)
+    arena.clients.append(client)
+    try:
+        holder = await arena.enter("h")
+        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+        tasks: dict[str, asyncio.Task[Lease]] = {}
+        for count, token in enumerate(("y", "z", "x"), start=1):
+            tasks[token] = asyncio.create_task(lock.acquire(timeout=60, token=token))
+            await arena.until(partial(_queue_length, arena, count), f"{token} queued")
+        gate = asyncio.Event()
+        acquire = lock._protocol.acquire
+
+        async def gated(client: Any, keys: LockKeys, token: str, *args: Any, **kw: Any) -> Any:
+            if token == "x":
+                await gate.wait()
+            return await acquire(client, keys, token, *args, **kw)
+
+        lock._protocol.acquire = gated  # type: ignore[method-assign]
+        try:
+            tasks["y"].cancel()
+            tasks["x"].cancel()
+            await asyncio.sleep(0)
+            tasks["x"].cancel()  # its caller stops waiting for the withdrawal
+            await asyncio.gather(tasks["x"], tasks["y"], return_exceptions=True)
+            retry = asyncio.create_task(lock.acquire(timeout=60, token="x"))
+            await arena.until(lambda: _not_in_queue(arena, "y"), "y withdrawn")
+            cancelled = time.monotonic()
+            tasks["z"].cancel()
+            await asyncio.gather(tasks["z"], return_exceptions=True)
+            await arena.until(lambda: _not_in_queue(arena, "z"), "z withdrawn", 5)
+            late_s = time.monotonic() - cancelled
+            if late_s > TWICE_WITHIN_S:
+                problems.append(
+                    f"z left the queue {late_s:.3f} s after its cancellation, while x's "
+                    f"retry was on its way (bound {TWICE_WITHIN_S} s)"
+                )
+            gate.set()
+        finally:
+            del lock._protocol.acquire  # the protocol is shared by every lock
+        await arena.leave(*holder)
+        try:
+            await lock.release(await asyncio.wait_for(retry, 2.0))
+        except TimeoutError:
+            problems.append("x's retry was not served within 2 s of the holder leaving")
+        problems += await arena.consistent()
+    finally:
+        await arena.close()
+    return outcome(ctx, "held-back-withdrawal", problems)
+
+
+async def _not_in_queue(arena: Arena, token: str) -> bool:
+    return not await arena.in_queue(token)
+
+
 async def _queued_behind_a_holder(
     arena: Arena, mutant: str, client: Redis, count: int
 ) -> tuple[tuple[FifoLock, Actor, Any], FifoLock, list[asyncio.Task[Lease]]]:
