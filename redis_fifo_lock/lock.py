@@ -98,6 +98,13 @@ async def _within(awaitable: Awaitable[T], started: float, deadline: float | Non
     return await within(awaitable, left_s)
 
 
+async def _answered(withdrawal: asyncio.Future[None]) -> bool:
+    """Wait at most ``WITHDRAW_GRACE_S`` for the hub's ``withdrawal`` to be done
+    with; whether it was (Redis confirmed it, or the hub gave it up, saying so)."""
+    await asyncio.wait({withdrawal}, timeout=WITHDRAW_GRACE_S)
+    return withdrawal.done() and not withdrawal.cancelled()
+
+
 def check_timeout(timeout: object) -> float | None:
     """Return ``timeout`` (seconds) as a float, or None to wait forever.
 
@@ -397,8 +404,8 @@ class FifoLock:
         if lease is not None:
             return lease
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:
-            await self._give_up(hub, group, waiter)
-            raise self._timed_out(group, started, deadline - started)
+            withdrawn = await self._give_up(hub, group, waiter)
+            raise self._timed_out(group, started, deadline, withdrawn=withdrawn)
         group.wait()
         while True:
             try:
@@ -409,8 +416,8 @@ class FifoLock:
                     raise asyncio.CancelledError
                 hinted = await waiter.next_hint(deadline)
                 if not hinted:
-                    await self._give_up(hub, group, waiter)
-                    raise self._timed_out(group, started, (deadline or started) - started)
+                    withdrawn = await self._give_up(hub, group, waiter)
+                    raise self._timed_out(group, started, deadline, withdrawn=withdrawn)
                 lease = self._take_granted(hub, waiter) or await self._claim(
                     hub, group, waiter, started, deadline
                 )
@@ -475,7 +482,7 @@ class FifoLock:
             else:
                 hub.withdraw(group, waiter.token, 0, waiter.call)
             if isinstance(exc, asyncio.TimeoutError):
-                raise self._timed_out(group, started, (deadline or started) - started) from None
+                raise self._timed_out(group, started, deadline, withdrawn=False) from None
             raise
         group.holder_fence = holder_fence or None
         group.holder_expires_at = (
@@ -522,8 +529,8 @@ class FifoLock:
         try:
             reply = await _within(group.claim(waiter.token, waiter.ticket), started, deadline)
         except asyncio.TimeoutError:
-            await self._give_up(hub, group, waiter)
-            raise self._timed_out(group, started, (deadline or started) - started) from None
+            withdrawn = await self._give_up(hub, group, waiter)
+            raise self._timed_out(group, started, deadline, withdrawn=withdrawn) from None
         except NotReplicated:
             await self._give_up(hub, group, waiter)
             raise
@@ -551,21 +558,31 @@ class FifoLock:
         )
         return await self._enqueue(hub, group, waiter, started, deadline, requeue=True)
 
-    def _give_up(self, hub: Hub, group: WaitGroup, waiter: Waiter) -> Awaitable[object]:
+    def _give_up(self, hub: Hub, group: WaitGroup, waiter: Waiter) -> Awaitable[bool]:
         """Withdraw the request (its ticket, or by token if its acquire's fate is
         unknown): the hub has the withdrawal from the moment this returns (a
         cancellation of the awaitable, even before it ran, loses nothing; the
         hub keeps trying in the background, and before its loop closes).
-        Awaiting the result waits for Redis's answer at most ``WITHDRAW_GRACE_S``."""
-        done = hub.withdraw(group, waiter.token, waiter.ticket or 0, waiter.call)
-        return asyncio.wait({done}, timeout=WITHDRAW_GRACE_S)
+        Awaiting the result waits for Redis's answer at most ``WITHDRAW_GRACE_S``,
+        and says whether it came."""
+        return _answered(hub.withdraw(group, waiter.token, waiter.ticket or 0, waiter.call))
 
-    def _timed_out(self, group: WaitGroup, started: float, wait_s: float) -> LockTimeout:
+    def _timed_out(
+        self, group: WaitGroup, started: float, deadline: float | None, *, withdrawn: bool
+    ) -> LockTimeout:
+        """The error for an acquire, begun at loop time ``started``, that reached
+        loop time ``deadline``; ``withdrawn``: Redis confirmed the withdrawal."""
         waited = asyncio.get_running_loop().time() - started
+        fate = (
+            "the request was withdrawn"
+            if withdrawn
+            else "Redis has not confirmed the request's withdrawal yet; it is sent again "
+            "until Redis does"
+        )
         return LockTimeout(
             self.name,
-            f"not acquired within {wait_s:g} s (waited {waited:.3f} s; holder fence "
-            f"{group.holder_fence}); the request was withdrawn",
+            f"not acquired within {(deadline or started) - started:g} s (waited "
+            f"{waited:.3f} s; holder fence {group.holder_fence}); {fate}",
             waited=waited,
             holder_fence=group.holder_fence,
         )

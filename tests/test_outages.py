@@ -506,6 +506,8 @@ async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answe
     if done:
         error = acquiring.exception()
         assert isinstance(error, LockError), f"acquire ended with {error!r}, not a LockError"
+        # Redis confirmed no withdrawal: the error must not say it did.
+        assert "the request was withdrawn" not in str(error), str(error)
     else:
         acquiring.cancel()
         await asyncio.gather(acquiring, return_exceptions=True)
