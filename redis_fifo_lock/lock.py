@@ -571,7 +571,8 @@ class FifoLock:
         self, group: WaitGroup, started: float, deadline: float | None, *, withdrawn: bool
     ) -> LockTimeout:
         """The error for an acquire, begun at loop time ``started``, that reached
-        loop time ``deadline``; ``withdrawn``: Redis confirmed the withdrawal."""
+        loop time ``deadline``; ``withdrawn``: what ``_answered`` said of its
+        withdrawal."""
         waited = asyncio.get_running_loop().time() - started
         fate = (
             "the request was withdrawn"
