@@ -514,6 +514,8 @@ class _Withdrawal:
     call: str
     done: asyncio.Future[None]
     failures: int = 0
+    """Its tries that failed: no reply, or an error (not those the hub did not
+    send, or cut short, for a retry of its token)."""
     attempt: asyncio.Task[int] | None = None
     """The call sending it, while one is on its way."""
     suspended: bool = False
@@ -543,6 +545,11 @@ def _batches(items: list[T]) -> list[list[T]]:
     return [
         items[at : at + MAX_CONCURRENT_CALLS] for at in range(0, len(items), MAX_CONCURRENT_CALLS)
     ]
+
+
+def _failures(owed: list[tuple[WithdrawalKey, _Withdrawal]]) -> int:
+    """The failed tries of the withdrawals ``owed`` so far."""
+    return sum(withdrawal.failures for _, withdrawal in owed)
 
 
 def _settle(withdrawal: _Withdrawal) -> None:
@@ -736,16 +743,6 @@ class Hub:
         stops when none is, and ``retry_ended`` starts it again."""
         return any(not withdrawal.suspended for withdrawal in self._withdrawals.values())
 
-    def _unanswered(self, owed: list[tuple[WithdrawalKey, _Withdrawal]]) -> bool:
-        """Whether any of ``owed`` is still owed as it was: not landed, and not
-        held back or taken over by a retry of its token meanwhile. A new request
-        under its key (an acquire given up by its timeout, then by its caller's
-        cancellation, asks again once the first landed) is none of them."""
-        return any(
-            self._withdrawals.get(key) is withdrawal and not withdrawal.suspended
-            for key, withdrawal in owed
-        )
-
     async def _withdraw_pending(self) -> None:
         while self._sendable():
             if self._client() is None:
@@ -756,13 +753,16 @@ class Hub:
 
     async def _withdraw_round(self) -> bool:
         """One round of the owed withdrawals (see ``WITHDRAW_PROBES_PER_ROUND``);
-        True unless one that was owed when it began is still owed, unanswered
-        (see ``_unanswered``)."""
+        True unless a try of it failed (no reply, or an error). A withdrawal not
+        sent (held back, or cut short, for a retry of its token that may then
+        end at once) is no failure, nor one asked for again once it landed (an
+        acquire given up by its timeout, then by its caller's cancellation)."""
         owed = [
             (key, withdrawal)
             for key, withdrawal in self._withdrawals.items()  # oldest first
             if not withdrawal.suspended  # else a retry of its token is on its way
         ]
+        failures = _failures(owed)
         by_lock: dict[LockKeys, list[tuple[WithdrawalKey, _Withdrawal]]] = {}
         for key, withdrawal in owed:
             by_lock.setdefault(key[0], []).append((key, withdrawal))
@@ -776,7 +776,7 @@ class Hub:
                 break
         if not replied:
             self._withdraw_from = start + len(withdrawn)  # the next round probes the others
-            return not self._unanswered(owed)
+            return _failures(owed) == failures
         self._withdraw_from = 0
         # Redis answers: each lock's oldest first (it may head its queue, with a
         # live waiter behind it), then the others of the locks whose oldest landed.
@@ -791,21 +791,22 @@ class Hub:
             if withdrawn[lock]:
                 for others in _batches(by_lock[lock][1:]):
                     await asyncio.gather(*(self._withdraw_settled(*other) for other in others))
-        return not self._unanswered(owed)
+        return _failures(owed) == failures
 
     async def _withdraw_oldest(
         self, owed: list[tuple[WithdrawalKey, _Withdrawal]]
     ) -> tuple[bool, bool]:
         """Send one lock's oldest owed withdrawal: whether it landed, and whether
         Redis replied (also with an error: the lock's scripts fail, not Redis).
-        One held back for a retry of its token meanwhile (see ``reclaim``) says
-        neither: the next is sent instead; (False, False) if none is left."""
+        One not sent, or cut short, for a retry of its token (see ``reclaim``)
+        says neither: the next is sent instead; (False, False) if none is left."""
         for key, oldest in owed:
             if oldest.suspended or self._withdrawals.get(key) is not oldest:
                 continue
+            failures = oldest.failures
             if await self._withdraw_settled(key, oldest):
                 return True, True
-            if not oldest.suspended:
+            if oldest.failures > failures:
                 return False, oldest.replied
         return False, False
 

@@ -486,6 +486,39 @@ async def test_a_withdrawal_held_back_for_a_retry_that_never_reached_redis_is_se
     await lock.release(holder)
 
 
+async def test_a_withdrawal_cut_short_by_a_retry_that_ended_at_once_is_no_failure(
+    redis_url: str, clients: Callable[..., AsyncRedis]
+) -> None:
+    """A retry of a token cuts its withdrawal on its way short (see
+    ``Hub.reclaim``), and ends without a reply at once (cancelled): the
+    withdrawal was not answered because it was not sent, not because Redis
+    is silent, and it is sent again at once (found by an outside attack: the
+    hub paused for ``RETRY_AFTER_ERROR_S``, the request was still queued when
+    the retry's cancellation returned, and the next waiter got the lock a
+    quarter of a second after the release)."""
+    # A client of its own: the withdrawal opens a second connection, and is
+    # still on its way when the retry comes.
+    lock = FifoLock(clients(redis_url), "cut-short", lease_ms=30_000, poll_ms=10_000)
+    other = FifoLock(clients(redis_url), lock.name, lease_ms=30_000, poll_ms=10_000)
+    holder = await lock.acquire(timeout=5)
+    keys = lock.keys
+    first = asyncio.create_task(lock.acquire(token="x"))
+    await until(functools.partial(_queued, other.client, keys, "x"), "x queued")
+    first.cancel()
+    await asyncio.sleep(0)  # its withdrawal owed; the caller stops waiting for it
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    retry = asyncio.create_task(lock.acquire(timeout=30, token="x"))
+    await asyncio.sleep(0)  # the retry cuts the withdrawal on its way short ...
+    retry.cancel()  # ... and ends without a reply
+    await asyncio.gather(retry, return_exceptions=True)
+    admin = clients(redis_url)
+    x_queued = await _queued(admin, keys, "x")
+    took = await handoff_time(admin, lock, holder, other, "y")
+    assert not x_queued, "x was still queued when its retry's cancellation returned"
+    assert took < HANDOFF_BOUND_S
+
+
 async def test_acquire_with_a_timeout_returns_in_time_while_redis_does_not_answer(
     silence: Silence, clients: Callable[..., AsyncRedis]
 ) -> None:
