@@ -664,14 +664,19 @@ class KeyJudgedRoundHub(Hub):
         return answered and not any(key in self._withdrawals for key in owed)
 
 
-class HeldBackUnansweredHub(Hub):
-    """MUTANT held-back-unanswered: a round of withdrawals counts one held back
-    for a same-token retry meanwhile (see ``Hub.reclaim``) as unanswered: the
-    hub pauses for ``RETRY_AFTER_ERROR_S`` while the retry is on its way, and
-    the withdrawals owed meanwhile wait (the bug before 5eb32de)."""
+class UnsentFailsHub(Hub):
+    """MUTANT unsent-counts-as-failed: a withdrawal the hub did not send, or cut
+    short, for a same-token retry (see ``Hub.reclaim``) counts as a failed
+    try: the hub pauses for ``RETRY_AFTER_ERROR_S``, and the withdrawals owed
+    meanwhile wait (the bug before 5eb32de, and in its case of a retry that
+    ends at once)."""
 
-    def _unanswered(self, owed: list[tuple[Any, Any]]) -> bool:
-        return any(self._withdrawals.get(key) is withdrawal for key, withdrawal in owed)
+    async def _withdraw_one(self, withdrawal: Any) -> bool:
+        failures = withdrawal.failures
+        done = await super()._withdraw_one(withdrawal)
+        if not done and withdrawal.failures == failures:
+            withdrawal.failures += 1
+        return done
 
 
 @dataclass(frozen=True)
@@ -899,13 +904,13 @@ MUTANTS: dict[str, Mutant] = {
             "round-judged-by-key",
             "a round of withdrawals fails when a key it landed is owed again at its end",
             hub_class=KeyJudgedRoundHub,
-            requires=((Hub._unanswered, "self._withdrawals.get(key) is withdrawal"),),
+            requires=((Hub._withdraw_round, "return _failures(owed) == failures"),),
         ),
         Mutant(
-            "held-back-unanswered",
-            "a round of withdrawals fails on one held back for a same-token retry",
-            hub_class=HeldBackUnansweredHub,
-            requires=((Hub._withdraw_round, "return not self._unanswered(owed)"),),
+            "unsent-counts-as-failed",
+            "a withdrawal not sent, or cut short, for a same-token retry counts as failed",
+            hub_class=UnsentFailsHub,
+            requires=((Hub._withdraw_round, "return _failures(owed) == failures"),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

@@ -577,7 +577,7 @@ async def withdrawn_twice(ctx: Context) -> Outcome:
 
 @scenario(
     "held-back-withdrawal",
-    kills=("held-back-unanswered",),
+    kills=("unsent-counts-as-failed",),
     faults="two waiters cancelled together, one retried with its token at once (the "
     "retry held on its way), a third cancelled while the retry is on its way",
 )
