@@ -590,6 +590,9 @@ class Hub:
             weakref.WeakValueDictionary()
         )
         self._withdrawals: dict[WithdrawalKey, _Withdrawal] = {}
+        # The keys of the same withdrawals, by lock and token: every acquire asks
+        # for its token's (reclaim, retry_ended), in O(1) however many are owed.
+        self._by_token: dict[tuple[LockKeys, str], set[WithdrawalKey]] = {}
         self._withdrawer: asyncio.Task[None] | None = None
         # The lock the next round of withdrawals probes first (WITHDRAW_PROBES_PER_ROUND).
         self._withdraw_from = 0
@@ -680,7 +683,7 @@ class Hub:
             return pending.done
         if len(self._withdrawals) >= MAX_WITHDRAWALS:
             oldest = next(iter(self._withdrawals))
-            dropped = self._withdrawals.pop(oldest)
+            dropped = self._forget(oldest)
             call_ids().leave(dropped.group.keys, dropped.call)
             dropped.done.cancel()
             log.warning(
@@ -692,9 +695,23 @@ class Hub:
             )
         done = self.loop.create_future()
         self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
+        self._by_token.setdefault((group.keys, token), set()).add(key)
         call_ids().enter(group.keys, call)
         self._start_withdrawer()
         return done
+
+    def _forget(self, key: WithdrawalKey) -> _Withdrawal:
+        """Remove the owed withdrawal ``key`` and return it."""
+        withdrawal = self._withdrawals.pop(key)
+        keys = self._by_token[key[:2]]
+        keys.discard(key)
+        if not keys:
+            del self._by_token[key[:2]]
+        return withdrawal
+
+    def _of_token(self, keys: LockKeys, token: str) -> list[tuple[WithdrawalKey, _Withdrawal]]:
+        """The owed withdrawals of ``token`` on the lock of ``keys``."""
+        return [(key, self._withdrawals[key]) for key in self._by_token.get((keys, token), ())]
 
     def _start_withdrawer(self) -> asyncio.Task[None]:
         """The task sending the owed withdrawals, started if it is not running."""
@@ -713,11 +730,10 @@ class Hub:
         withdraws and leaves alone the request the new call took over. Waiting
         for it instead made the first outcome certain. ``retry_ended`` says
         what becomes of them."""
-        for key, pending in self._withdrawals.items():
-            if key[0] == keys and key[1] == token:
-                pending.suspended = True
-                if pending.attempt is not None:
-                    pending.attempt.cancel()
+        for _, pending in self._of_token(keys, token):
+            pending.suspended = True
+            if pending.attempt is not None:
+                pending.attempt.cancel()
 
     def retry_ended(self, keys: LockKeys, token: str, *, answered: bool) -> None:
         """The retry of ``token`` that ``reclaim`` held its withdrawals back for
@@ -725,13 +741,11 @@ class Hub:
         request over, so they are dropped), or without one (it may never have
         reached Redis: they are sent again, or the first request would be left
         queued, or its grant held, with nobody waiting for it)."""
-        if not self._withdrawals:
-            return  # the rule on every acquire: nothing was held back
-        for key, pending in list(self._withdrawals.items()):
-            if key[0] != keys or key[1] != token or not pending.suspended:
+        for key, pending in self._of_token(keys, token):
+            if not pending.suspended:
                 continue
             if answered:
-                del self._withdrawals[key]
+                self._forget(key)
                 call_ids().leave(keys, pending.call)
                 pending.done.cancel()
             else:
@@ -814,7 +828,7 @@ class Hub:
         """Send ``withdrawal``; once Redis answered it, it is no longer owed."""
         done = await self._withdraw_one(withdrawal)
         if done and self._withdrawals.get(key) is withdrawal:
-            del self._withdrawals[key]
+            self._forget(key)
             _settle(withdrawal)
         return done
 
@@ -831,6 +845,7 @@ class Hub:
         for withdrawal in self._withdrawals.values():
             _settle(withdrawal)
         self._withdrawals.clear()
+        self._by_token.clear()
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
@@ -1018,6 +1033,7 @@ class Hub:
             call_ids().leave(withdrawal.group.keys, withdrawal.call)
             withdrawal.done.cancel()
         self._withdrawals.clear()
+        self._by_token.clear()
         await self.doorbell.aclose()
 
     async def run(self, lane: asyncio.Semaphore, call: Callable[[AsyncClient], Awaitable[T]]) -> T:

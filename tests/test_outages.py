@@ -758,6 +758,38 @@ async def test_withdrawals_owed_through_a_long_outage_are_tried_at_a_bounded_rat
     await client.aclose()
 
 
+async def test_an_acquire_costs_no_more_with_thousands_of_withdrawals_owed(
+    redis_url: str, fault_proxy: FaultProxyFactory
+) -> None:
+    """Every acquire looks up its token's owed withdrawals (``Hub.reclaim``, then
+    ``Hub.retry_ended``). Through an outage they pile up, one per request given
+    up, to ``MAX_WITHDRAWALS``; looking through all of them made each acquire
+    cost in proportion, and 20,000 waiters cancelled at once took minutes of
+    CPU (a hang of the suite's own 20,000-waiter test, under load). The last
+    acquires of a run that leaves thousands owed cost what the first did."""
+    proxy = fault_proxy(redis_url)
+    client = AsyncRedis.from_url(proxy.url, **no_retries())
+    lock = FifoLock(client, "owed-lookups", lease_ms=30_000, poll_ms=1000)
+    await warm_up(lock)
+    proxy.max_connections = 0  # every new connection refused: a fast failure
+    proxy.reset()
+    batch, batches = 500, 8
+    took: list[float] = []
+    for _ in range(batches):
+        started = time.process_time()
+        for _ in range(batch):
+            with contextlib.suppress(RedisUnavailable):
+                await lock.acquire(timeout=5)
+        took.append(time.process_time() - started)
+    owed = len(hub_for(client)._withdrawals)
+    assert owed >= (batches - 1) * batch, f"only {owed} withdrawals owed"
+    assert took[-1] < 2.5 * took[0], (
+        f"the last {batch} acquires took {took[-1]:.2f} s of CPU, the first {took[0]:.2f} s, "
+        f"with up to {owed} withdrawals owed"
+    )
+    await client.aclose()
+
+
 async def test_after_an_outage_a_lock_whose_withdrawals_fail_holds_up_no_other_lock(
     redis_url: str, aredis: AsyncRedis, fault_proxy: FaultProxyFactory
 ) -> None:

@@ -585,7 +585,7 @@ class EveryWithdrawalEachRoundHub(Hub):
         results = await asyncio.gather(*(self._withdraw_one(w) for _, w in owed))
         for (key, withdrawal), done in zip(owed, results, strict=True):
             if done and self._withdrawals.get(key) is withdrawal:
-                del self._withdrawals[key]
+                self._forget(key)
                 waiting_module._settle(withdrawal)
         return all(results)
 
