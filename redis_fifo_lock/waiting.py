@@ -103,7 +103,9 @@ oldest is sent, oldest lock first (each may head its queue, with a live
 waiter behind it), and then the others of each lock whose oldest landed. So
 a long outage costs a few connection attempts a round, not one per owed
 withdrawal (up to ``MAX_WITHDRAWALS``), and a lock whose withdrawals keep
-failing costs one attempt a round and holds up no other lock's."""
+failing costs one attempt a round and holds up no other lock's in it. The
+rounds' pause holds them up, though: a withdrawal owed while that lock's fail
+waits for the next round, up to ``RETRY_AFTER_ERROR_S``."""
 
 KEY_ERRORS = ("WRONGTYPE",)
 """Error replies that concern the keys a call touched, not Redis as a whole: a
