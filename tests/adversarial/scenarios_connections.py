@@ -525,15 +525,9 @@ async def withdrawn_twice(ctx: Context) -> Outcome:
     again. The withdrawals owed meanwhile land at once all the same: every
     request has left the queue within ``TWICE_WITHIN_S`` of the last
     cancellation, and the next live waiter is served when the holder leaves."""
-    server = ctx.servers()
-    arena = Arena(ctx, server.url, "withdrawn-twice", lease_ms=30_000, poll_ms=1000)
-    problems: list[str] = []
-    client = Redis.from_url(server.url)
-    arena.clients.append(client)
-    try:
-        holder = await arena.enter("h")
-        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
-        hub = hub_for(client)
+
+    async def case(arena: Arena, holder: tuple[FifoLock, Actor, Any], lock: FifoLock) -> list[str]:
+        hub = hub_for(lock.client)
         tasks: dict[str, asyncio.Task[Lease]] = {}
         asked: list[str] = []
         last_cancel: list[float] = []
@@ -559,20 +553,12 @@ async def withdrawn_twice(ctx: Context) -> Outcome:
         await arena.until(partial(_queue_length, arena, 3), "a, b and c queued")
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         if asked.count("a") != 2:
-            missed = f"CRASH: a's withdrawal was asked for {asked.count('a')} times, not twice"
-            return outcome(ctx, "withdrawn-twice", [missed])
+            return [f"CRASH: a's withdrawal was asked for {asked.count('a')} times, not twice"]
         await arena.until(partial(_queue_length, arena, 0), "every request withdrawn", 5)
-        late_s = time.monotonic() - last_cancel[-1]
-        if late_s > TWICE_WITHIN_S:
-            problems.append(
-                f"the given-up requests left the queue {late_s:.3f} s after the last "
-                f"cancellation (bound {TWICE_WITHIN_S} s)"
-            )
-        problems += await _next_served(arena, holder)
-        problems += await arena.consistent()
-    finally:
-        await arena.close()
-    return outcome(ctx, "withdrawn-twice", problems)
+        problems = _late(time.monotonic() - last_cancel[-1], "the given-up requests", "the last")
+        return problems + await _next_served(arena, holder)
+
+    return outcome(ctx, "withdrawn-twice", await _beside_a_holder(ctx, "withdrawn-twice", case))
 
 
 @scenario(
@@ -587,14 +573,8 @@ async def held_back_withdrawal(ctx: Context) -> Outcome:
     others go on at once: a request cancelled meanwhile has left the queue
     within ``TWICE_WITHIN_S`` of its cancellation, and the retry keeps its
     place (it is served first when the holder leaves)."""
-    server = ctx.servers()
-    arena = Arena(ctx, server.url, "held-back", lease_ms=30_000, poll_ms=1000)
-    problems: list[str] = []
-    client = Redis.from_url(server.url)
-    arena.clients.append(client)
-    try:
-        holder = await arena.enter("h")
-        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+
+    async def case(arena: Arena, holder: tuple[FifoLock, Actor, Any], lock: FifoLock) -> list[str]:
         tasks: dict[str, asyncio.Task[Lease]] = {}
         for count, token in enumerate(("y", "z", "x"), start=1):
             tasks[token] = asyncio.create_task(lock.acquire(timeout=60, token=token))
@@ -620,24 +600,50 @@ async def held_back_withdrawal(ctx: Context) -> Outcome:
             tasks["z"].cancel()
             await asyncio.gather(tasks["z"], return_exceptions=True)
             await arena.until(lambda: _not_in_queue(arena, "z"), "z withdrawn", 5)
-            late_s = time.monotonic() - cancelled
-            if late_s > TWICE_WITHIN_S:
-                problems.append(
-                    f"z left the queue {late_s:.3f} s after its cancellation, while x's "
-                    f"retry was on its way (bound {TWICE_WITHIN_S} s)"
-                )
+            problems = _late(time.monotonic() - cancelled, "z", "its")
             gate.set()
         finally:
             del lock._protocol.acquire  # the protocol is shared by every lock
         await arena.leave(*holder)
         try:
             await lock.release(await asyncio.wait_for(retry, 2.0))
-        except TimeoutError:
+        except asyncio.TimeoutError:
             problems.append("x's retry was not served within 2 s of the holder leaving")
-        problems += await arena.consistent()
-    finally:
-        await arena.close()
-    return outcome(ctx, "held-back-withdrawal", problems)
+        return problems
+
+    found = await _beside_a_holder(ctx, "held-back", case)
+    return outcome(ctx, "held-back-withdrawal", found)
+
+
+async def _beside_a_holder(
+    ctx: Context,
+    name: str,
+    case: Callable[[Arena, tuple[FifoLock, Actor, Any], FifoLock], Awaitable[list[str]]],
+) -> list[str]:
+    """``case(arena, holder, lock)`` in a fresh arena ``name`` (lease 30 s, poll
+    1 s) whose lock a contender holds (``Arena.enter``'s), with ``lock`` of the
+    context's variant on a client of its own; its findings and the end state's."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, name, lease_ms=30_000, poll_ms=1000)
+    client = Redis.from_url(server.url)
+    arena.clients.append(client)
+
+    async def held(arena: Arena) -> list[str]:
+        holder = await arena.enter("h")
+        lock = variant(ctx.mutant).lock(client, arena.name, **arena.settings)
+        return await case(arena, holder, lock)
+
+    return await in_fresh_arena(arena, held, load_scripts=False)
+
+
+def _late(late_s: float, who: str, whose: str) -> list[str]:
+    """A problem if ``who`` left the queue more than ``TWICE_WITHIN_S`` after
+    ``whose`` cancellation."""
+    if late_s <= TWICE_WITHIN_S:
+        return []
+    return [
+        f"{who} left the queue {late_s:.3f} s after {whose} cancellation (bound {TWICE_WITHIN_S} s)"
+    ]
 
 
 async def _not_in_queue(arena: Arena, token: str) -> bool:
