@@ -86,8 +86,11 @@ EXPIRY_MARGIN_S = 0.002
 """How long after a lease is due to run out, in seconds, the poll that looks for
 its end is sent."""
 RETRY_AFTER_ERROR_S = 0.5
-"""Pause before a poll or withdrawal that failed to reach Redis is tried again, in
-seconds (a poll that failed after one that was answered is tried again at once)."""
+"""Pause before a poll or withdrawal that failed is tried again, in seconds (a
+poll that failed after one that was answered is tried again at once). For
+withdrawals: when Redis answered none of a round's tries, every owed
+withdrawal waits this long; when it answered some, only the locks whose
+withdrawals failed wait, and a withdrawal of any other lock goes at once."""
 
 WITHDRAW_TRY_S = 5.0
 """Longest wait for one withdrawal's reply, in seconds, before it is sent again."""
@@ -102,10 +105,12 @@ Redis as a whole (``NOREPLICAS``, ``READONLY``...). Then every other lock's
 oldest is sent, oldest lock first (each may head its queue, with a live
 waiter behind it), and then the others of each lock whose oldest landed. So
 a long outage costs a few connection attempts a round, not one per owed
-withdrawal (up to ``MAX_WITHDRAWALS``), and a lock whose withdrawals keep
-failing costs one attempt a round and holds up no other lock's in it. The
-rounds' pause holds them up, though: a withdrawal owed while that lock's fail
-waits for the next round, up to ``RETRY_AFTER_ERROR_S``."""
+withdrawal (up to ``MAX_WITHDRAWALS``). A lock whose withdrawals keep failing
+while Redis answers costs one attempt every ``RETRY_AFTER_ERROR_S`` and holds
+up no other lock's: only its own wait, and a withdrawal owed meanwhile on any
+other lock starts a round at once (it waits only for a round on its way). A
+round in which Redis answered no try (Redis down, or the node of each lock
+tried) pauses every withdrawal."""
 
 KEY_ERRORS = ("WRONGTYPE",)
 """Error replies that concern the keys a call touched, not Redis as a whole: a
@@ -596,6 +601,13 @@ class Hub:
         # for its token's (reclaim, retry_ended), in O(1) however many are owed.
         self._by_token: dict[tuple[LockKeys, str], set[WithdrawalKey]] = {}
         self._withdrawer: asyncio.Task[None] | None = None
+        # Set when a withdrawal may be sendable before the next retry is due: a
+        # new one owed, or one a retry held back let go (see _withdraw_pending).
+        self._owed_anew = asyncio.Event()
+        # By lock: when (loop time) its withdrawals may be tried again after one
+        # failed while Redis answered others (RETRY_AFTER_ERROR_S). Only locks
+        # whose try failed within the last RETRY_AFTER_ERROR_S are kept.
+        self._lock_retry_at: dict[LockKeys, float] = {}
         # The lock the next round of withdrawals probes first (WITHDRAW_PROBES_PER_ROUND).
         self._withdraw_from = 0
         self._duties: dict[object, tuple[Callable[[], Awaitable[object]], asyncio.Task[Any]]] = {}
@@ -700,6 +712,7 @@ class Hub:
         self._by_token.setdefault((group.keys, token), set()).add(key)
         call_ids().enter(group.keys, call)
         self._start_withdrawer()
+        self._owed_anew.set()
         return done
 
     def _forget(self, key: WithdrawalKey) -> _Withdrawal:
@@ -753,6 +766,7 @@ class Hub:
             else:
                 pending.suspended = False
                 self._start_withdrawer()
+                self._owed_anew.set()
 
     def _sendable(self) -> bool:
         """Whether a withdrawal is owed that no retry holds back: the withdrawer
@@ -764,19 +778,51 @@ class Hub:
             if self._client() is None:
                 self._drop_withdrawals()
                 return
-            if not await self._withdraw_round() and self._client() is not None:
-                await asyncio.sleep(RETRY_AFTER_ERROR_S)
+            self._owed_anew.clear()
+            if not await self._withdraw_round():
+                if self._client() is not None:
+                    await asyncio.sleep(RETRY_AFTER_ERROR_S)  # Redis answered none
+                continue
+            wait_s = self._next_try_s()
+            if wait_s > 0:
+                # Only locks whose withdrawals failed are owed: until the first
+                # is due, or until a withdrawal of another lock is owed.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._owed_anew.wait(), wait_s)
+
+    def _next_try_s(self) -> float:
+        """Seconds until an owed withdrawal that no retry holds back may be
+        sent: 0 when one may be now (see ``_lock_retry_at``)."""
+        now = self.loop.time()
+        due = [
+            self._lock_retry_at.get(key[0], now)
+            for key, withdrawal in self._withdrawals.items()
+            if not withdrawal.suspended
+        ]
+        return max(0.0, min(due, default=now) - now)
+
+    def _failed_try(self, withdrawal: _Withdrawal) -> None:
+        """A try of ``withdrawal`` failed: its lock's withdrawals wait
+        ``RETRY_AFTER_ERROR_S`` before the next."""
+        withdrawal.failures += 1
+        self._lock_retry_at[withdrawal.group.keys] = self.loop.time() + RETRY_AFTER_ERROR_S
 
     async def _withdraw_round(self) -> bool:
-        """One round of the owed withdrawals (see ``WITHDRAW_PROBES_PER_ROUND``);
-        True unless a try of it failed (no reply, or an error). A withdrawal not
-        sent (held back, or cut short, for a retry of its token that may then
-        end at once) is no failure, nor one asked for again once it landed (an
-        acquire given up by its timeout, then by its caller's cancellation)."""
+        """One round of the owed withdrawals (see ``WITHDRAW_PROBES_PER_ROUND``)
+        but those of locks whose last try failed less than
+        ``RETRY_AFTER_ERROR_S`` ago; False when a try of it failed (no reply,
+        or an error) and Redis answered none: then every withdrawal waits. A
+        withdrawal not sent (held back, or cut short, for a retry of its token
+        that may then end at once) is no failure, nor one asked for again once
+        it landed (an acquire given up by its timeout, then by its caller's
+        cancellation)."""
+        now = self.loop.time()
+        self._lock_retry_at = {lock: due for lock, due in self._lock_retry_at.items() if due > now}
         owed = [
             (key, withdrawal)
             for key, withdrawal in self._withdrawals.items()  # oldest first
             if not withdrawal.suspended  # else a retry of its token is on its way
+            and key[0] not in self._lock_retry_at  # else its last try failed just now
         ]
         failures = _failures(owed)
         by_lock: dict[LockKeys, list[tuple[WithdrawalKey, _Withdrawal]]] = {}
@@ -807,7 +853,7 @@ class Hub:
             if withdrawn[lock]:
                 for others in _batches(by_lock[lock][1:]):
                     await asyncio.gather(*(self._withdraw_settled(*other) for other in others))
-        return _failures(owed) == failures
+        return True  # Redis answers: a lock whose withdrawal failed waits on its own
 
     async def _withdraw_oldest(
         self, owed: list[tuple[WithdrawalKey, _Withdrawal]]
@@ -848,6 +894,7 @@ class Hub:
             _settle(withdrawal)
         self._withdrawals.clear()
         self._by_token.clear()
+        self._lock_retry_at.clear()
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
         group = withdrawal.group
@@ -924,7 +971,7 @@ class Hub:
         still owed)."""
         if not withdrawal.broke:
             withdrawal.broke = True
-            withdrawal.failures += 1
+            self._failed_try(withdrawal)
             log.error(
                 "FIFO lock %r: withdrawing request %s failed unexpectedly; retrying every %g s",
                 withdrawal.group.keys.name,
@@ -940,7 +987,7 @@ class Hub:
     def _withdrawal_failed(self, withdrawal: _Withdrawal, reason: str) -> bool:
         """A try of ``withdrawal`` failed for ``reason``: say so (at its first
         failure; later ones at DEBUG), and return False (it is still owed)."""
-        withdrawal.failures += 1
+        self._failed_try(withdrawal)
         log.log(
             logging.WARNING if withdrawal.failures == 1 else logging.DEBUG,
             "FIFO lock %r: could not withdraw request %s yet (%s); retrying every %g s "
@@ -1036,6 +1083,7 @@ class Hub:
             withdrawal.done.cancel()
         self._withdrawals.clear()
         self._by_token.clear()
+        self._lock_retry_at.clear()
         await self.doorbell.aclose()
 
     async def run(self, lane: asyncio.Semaphore, call: Callable[[AsyncClient], Awaitable[T]]) -> T:

@@ -849,6 +849,48 @@ async def test_after_an_outage_a_lock_whose_withdrawals_fail_holds_up_no_other_l
         await client.aclose()
 
 
+async def test_a_lock_whose_withdrawals_keep_failing_holds_up_no_new_withdrawal(
+    aredis: AsyncRedis,
+) -> None:
+    """One lock's owed withdrawal keeps failing (its queue key was overwritten,
+    so every script on it fails with an error Redis replies with). Another
+    lock's acquire then times out: its withdrawal goes at once, and its
+    request has left the queue when ``LockTimeout`` comes. Before, the failure
+    made the whole hub pause ``RETRY_AFTER_ERROR_S`` between rounds, and a
+    withdrawal owed in that pause waited for it, past the acquire's
+    ``WITHDRAW_GRACE_S`` (found by an outside attack: requests still queued
+    after their timeouts, the next hand-off 0.2 s late)."""
+    settings = {"lease_ms": 30_000, "poll_ms": 10_000}
+    failing, healthy = (FifoLock(aredis, name, **settings) for name in ("keeps-failing", "fine"))
+    leases = {lock.name: await lock.acquire(timeout=5) for lock in (failing, healthy)}
+    doomed = asyncio.create_task(failing.acquire(token="doomed"))
+    await until(functools.partial(_queued, aredis, failing.keys, "doomed"), "doomed queued")
+    await aredis.delete(failing.keys.key("queue"))
+    await aredis.set(failing.keys.key("queue"), "not a queue")  # its scripts fail from now on
+    doomed.cancel()
+    await asyncio.gather(doomed, return_exceptions=True)
+    hub = hub_for(aredis)
+    await until(
+        lambda: any(withdrawal.failures for withdrawal in hub._withdrawals.values()),
+        "the failing lock's withdrawal failed once",
+    )
+    try:
+        for attempt in range(3):
+            token = f"impatient-{attempt}"
+            with pytest.raises(LockTimeout) as timed_out:
+                await healthy.acquire(timeout=0.05, token=token)
+            queued = await _queued(aredis, healthy.keys, token)
+            assert not queued, (
+                f"{token} was still queued when its acquire timed out ({timed_out.value}): its "
+                "withdrawal waited behind the failing lock's"
+            )
+    finally:
+        await aredis.delete(failing.keys.key("queue"))  # its withdrawal lands now
+        await until(lambda: not hub._withdrawals, "the failing lock's withdrawal landed")
+        for lock in (failing, healthy):
+            await lock.release(leases[lock.name])
+
+
 async def test_after_an_outage_the_oldest_withdrawal_of_every_lock_goes_first(
     redis_url: str, aredis: AsyncRedis, fault_proxy: FaultProxyFactory
 ) -> None:
