@@ -667,16 +667,30 @@ class KeyJudgedRoundHub(Hub):
 class UnsentFailsHub(Hub):
     """MUTANT unsent-counts-as-failed: a withdrawal the hub did not send, or cut
     short, for a same-token retry (see ``Hub.reclaim``) counts as a failed
-    try: the hub pauses for ``RETRY_AFTER_ERROR_S``, and the withdrawals owed
-    meanwhile wait (the bug before 5eb32de, and in its case of a retry that
-    ends at once)."""
+    try: the withdrawals of its lock owed meanwhile wait ``RETRY_AFTER_ERROR_S``
+    (the bug before 5eb32de, and in its case of a retry that ends at once, when
+    a failure paused the whole hub)."""
 
     async def _withdraw_one(self, withdrawal: Any) -> bool:
         failures = withdrawal.failures
         done = await super()._withdraw_one(withdrawal)
         if not done and withdrawal.failures == failures:
-            withdrawal.failures += 1
+            self._failed_try(withdrawal)
         return done
+
+
+class FailurePausesAllHub(Hub):
+    """MUTANT failure-pauses-all: a round of withdrawals in which one try failed
+    pauses every withdrawal for ``RETRY_AFTER_ERROR_S``, also when Redis
+    answered the others and the failure is about one lock's keys: a lock whose
+    withdrawals keep failing holds up every other lock's (the bug before this
+    change)."""
+
+    async def _withdraw_round(self) -> bool:
+        owed = [withdrawal for withdrawal in self._withdrawals.values() if not withdrawal.suspended]
+        failures = sum(withdrawal.failures for withdrawal in owed)
+        answered = await super()._withdraw_round()
+        return answered and sum(withdrawal.failures for withdrawal in owed) == failures
 
 
 @dataclass(frozen=True)
@@ -910,7 +924,13 @@ MUTANTS: dict[str, Mutant] = {
             "unsent-counts-as-failed",
             "a withdrawal not sent, or cut short, for a same-token retry counts as failed",
             hub_class=UnsentFailsHub,
-            requires=((Hub._withdraw_round, "return _failures(owed) == failures"),),
+            requires=((Hub._withdrawal_failed, "self._failed_try(withdrawal)"),),
+        ),
+        Mutant(
+            "failure-pauses-all",
+            "a failed withdrawal pauses every lock's withdrawals, though Redis answered",
+            hub_class=FailurePausesAllHub,
+            requires=((Hub._withdraw_round, "return True  # Redis answers"),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

@@ -615,6 +615,60 @@ async def held_back_withdrawal(ctx: Context) -> Outcome:
     return outcome(ctx, "held-back-withdrawal", found)
 
 
+@scenario(
+    "failing-neighbour",
+    kills=("failure-pauses-all",),
+    faults="another lock of the process owes a withdrawal that keeps failing (its queue "
+    "key overwritten: WRONGTYPE); a waiter of this lock is cancelled as it fails",
+)
+async def failing_neighbour(ctx: Context) -> Outcome:
+    """A lock whose withdrawals keep failing while Redis answers holds up no other
+    lock's: a waiter cancelled just as the failing withdrawal's try failed has
+    left the queue within ``TWICE_WITHIN_S`` of its cancellation, and the next
+    live waiter is served when the holder leaves."""
+
+    async def case(arena: Arena, holder: tuple[FifoLock, Actor, Any], lock: FifoLock) -> list[str]:
+        name = f"{arena.name}-neighbour"
+        neighbour = variant(ctx.mutant).lock(lock.client, name, **arena.settings)
+        queue = neighbour.keys.key("queue")
+        owner = FifoLock(arena.admin, name, **arena.settings)
+        held = await owner.acquire(timeout=5)
+        doomed = asyncio.create_task(neighbour.acquire(timeout=60, token="doomed"))
+        await arena.until(lambda: _in(arena, queue, "doomed"), "doomed queued")
+        await arena.admin.delete(queue)
+        await arena.admin.set(queue, "not a queue")  # its scripts fail from now on
+        z = asyncio.create_task(lock.acquire(timeout=60, token="z"))
+        await arena.until(lambda: arena.in_queue("z"), "z queued")
+        withdraw = lock._protocol.withdraw
+        cancelled: list[float] = []
+
+        async def watched(client: Any, keys: LockKeys, token: str, *args: Any) -> Any:
+            try:
+                return await withdraw(client, keys, token, *args)
+            except Exception:
+                if token == "doomed" and not cancelled:
+                    cancelled.append(time.monotonic())
+                    z.cancel()
+                raise
+
+        lock._protocol.withdraw = watched  # type: ignore[method-assign]
+        hub = hub_for(lock.client)
+        try:
+            doomed.cancel()
+            await asyncio.gather(doomed, z, return_exceptions=True)
+            await arena.until(lambda: _not_in_queue(arena, "z"), "z withdrawn", 5)
+            problems = _late(time.monotonic() - cancelled[0], "z", "its")
+        finally:
+            del lock._protocol.withdraw  # the protocol is shared by every lock
+            await arena.admin.delete(queue)  # the neighbour's withdrawal lands now
+            await arena.until(lambda: not hub._withdrawals, "doomed withdrawn", 5)
+            await owner.release(held)
+        return problems + await _next_served(arena, holder)
+
+    found = await _beside_a_holder(ctx, "failing-neighbour", case)
+    return outcome(ctx, "failing-neighbour", found)
+
+
 async def _beside_a_holder(
     ctx: Context,
     name: str,
@@ -648,6 +702,11 @@ def _late(late_s: float, who: str, whose: str) -> list[str]:
 
 async def _not_in_queue(arena: Arena, token: str) -> bool:
     return not await arena.in_queue(token)
+
+
+async def _in(arena: Arena, queue: str, token: str) -> bool:
+    """Whether ``token`` is queued in ``queue`` (another lock's than the arena's)."""
+    return await arena.admin.zscore(queue, token) is not None
 
 
 async def _queued_behind_a_holder(
