@@ -786,9 +786,15 @@ class Hub:
             wait_s = self._next_try_s()
             if wait_s > 0:
                 # Only locks whose withdrawals failed are owed: until the first
-                # is due, or until a withdrawal of another lock is owed.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._owed_anew.wait(), wait_s)
+                # is due, or until a withdrawal of another lock is owed. Not
+                # asyncio.wait_for: on Python 3.10 and 3.11 it loses a
+                # cancellation that comes once the event is set, and the loop's
+                # close would wait for this task for ever.
+                due = self.loop.call_later(wait_s, self._owed_anew.set)
+                try:
+                    await self._owed_anew.wait()
+                finally:
+                    due.cancel()
 
     def _next_try_s(self) -> float:
         """Seconds until an owed withdrawal that no retry holds back may be

@@ -891,6 +891,65 @@ async def test_a_lock_whose_withdrawals_keep_failing_holds_up_no_new_withdrawal(
             await lock.release(leases[lock.name])
 
 
+@pytest.mark.parametrize("steps", range(4))
+def test_the_loop_closes_as_a_new_withdrawal_wakes_the_withdrawer(
+    redis_url: str, steps: int
+) -> None:
+    """While one lock's withdrawal keeps failing, the withdrawer waits for the
+    next try or a new withdrawal. ``asyncio.run`` ends ``steps`` loop steps
+    after a new one woke it: its cancellation must end the withdrawer, and
+    ``asyncio.run`` return within its closing bound. Found by an outside
+    attack: on Python 3.10 and 3.11, ``asyncio.wait_for`` lost a cancellation
+    that came after the event it waited for was set, and the withdrawer went
+    on trying the failing withdrawal for ever; ``asyncio.run`` never returned,
+    and the process renewed its leases for as long as it lived."""
+    returned = threading.Event()
+
+    async def main() -> None:
+        client = AsyncRedis.from_url(redis_url)
+        settings = {"lease_ms": 30_000, "poll_ms": 10_000}
+        failing, healthy = (
+            FifoLock(client, f"closing-{steps}-{name}", **settings) for name in ("bad", "fine")
+        )
+        leases = [await lock.acquire(timeout=5) for lock in (failing, healthy)]
+        doomed = asyncio.create_task(failing.acquire(token="doomed"))
+        await until(functools.partial(_queued, client, failing.keys, "doomed"), "doomed queued")
+        await client.delete(failing.keys.key("queue"))
+        await client.set(failing.keys.key("queue"), "not a queue")  # its scripts fail
+        doomed.cancel()
+        await asyncio.gather(doomed, return_exceptions=True)
+        hub = hub_for(client)
+        await until(
+            lambda: any(withdrawal.failures for withdrawal in hub._withdrawals.values()),
+            "the failing lock's withdrawal failed once",
+        )
+        waiting = asyncio.create_task(healthy.acquire(token="waiting"))
+        await until(functools.partial(_queued, client, healthy.keys, "waiting"), "waiting queued")
+        waiting.cancel()
+        # One loop step at a time, not Event.wait(): the steps count from the set.
+        while not hub._owed_anew.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        held.extend(leases)  # kept to the end: released by hand, not from GC
+
+    held: list[Lease] = []
+
+    def run() -> None:
+        asyncio.run(main())
+        returned.set()
+
+    thread = threading.Thread(target=run, daemon=True)  # left behind if it hangs
+    started = time.monotonic()
+    thread.start()
+    bound = 2 * CLOSING_S + 5.0
+    thread.join(bound)
+    assert returned.is_set(), (
+        f"asyncio.run had not returned {time.monotonic() - started:.1f} s after it started "
+        f"(bound {bound:g} s): the withdrawer did not end on the loop's cancellation"
+    )
+
+
 async def test_after_an_outage_the_oldest_withdrawal_of_every_lock_goes_first(
     redis_url: str, aredis: AsyncRedis, fault_proxy: FaultProxyFactory
 ) -> None:
