@@ -27,6 +27,7 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import itertools
 import logging
 import re
 import secrets
@@ -535,6 +536,8 @@ class _Withdrawal:
     broke: bool = False
     """An attempt failed unexpectedly (a bug somewhere), and that was said (see
     ``Hub._withdrawal_broke``)."""
+    seq: int = 0
+    """Its place in the order the hub's withdrawals were owed in."""
 
 
 def _about_its_keys(error: BaseException | None) -> bool:
@@ -600,6 +603,10 @@ class Hub:
         # The keys of the same withdrawals, by lock and token: every acquire asks
         # for its token's (reclaim, retry_ended), in O(1) however many are owed.
         self._by_token: dict[tuple[LockKeys, str], set[WithdrawalKey]] = {}
+        # The same withdrawals by lock, oldest first: a round passes over a lock
+        # that must wait (_lock_retry_at) in one step, however many it owes.
+        self._by_lock: dict[LockKeys, dict[WithdrawalKey, _Withdrawal]] = {}
+        self._owed_count = itertools.count()
         self._withdrawer: asyncio.Task[None] | None = None
         # Set when a withdrawal may be sendable before the next retry is due: a
         # new one owed, or one a retry held back let go (see _withdraw_pending).
@@ -708,8 +715,10 @@ class Hub:
                 oldest[1],
             )
         done = self.loop.create_future()
-        self._withdrawals[key] = _Withdrawal(group, token, ticket, call, done)
+        withdrawal = _Withdrawal(group, token, ticket, call, done, seq=next(self._owed_count))
+        self._withdrawals[key] = withdrawal
         self._by_token.setdefault((group.keys, token), set()).add(key)
+        self._by_lock.setdefault(group.keys, {})[key] = withdrawal
         call_ids().enter(group.keys, call)
         self._start_withdrawer()
         self._owed_anew.set()
@@ -722,6 +731,10 @@ class Hub:
         keys.discard(key)
         if not keys:
             del self._by_token[key[:2]]
+        of_lock = self._by_lock[key[0]]
+        del of_lock[key]
+        if not of_lock:
+            del self._by_lock[key[0]]
         return withdrawal
 
     def _of_token(self, keys: LockKeys, token: str) -> list[tuple[WithdrawalKey, _Withdrawal]]:
@@ -800,12 +813,14 @@ class Hub:
         """Seconds until an owed withdrawal that no retry holds back may be
         sent: 0 when one may be now (see ``_lock_retry_at``)."""
         now = self.loop.time()
-        due = [
-            self._lock_retry_at.get(key[0], now)
-            for key, withdrawal in self._withdrawals.items()
-            if not withdrawal.suspended
-        ]
-        return max(0.0, min(due, default=now) - now)
+        first = None
+        for lock, withdrawals in self._by_lock.items():
+            if any(not withdrawal.suspended for withdrawal in withdrawals.values()):
+                due = self._lock_retry_at.get(lock, now)
+                if due <= now:
+                    return 0.0
+                first = due if first is None else min(first, due)
+        return 0.0 if first is None else first - now
 
     def _failed_try(self, withdrawal: _Withdrawal) -> None:
         """A try of ``withdrawal`` failed: its lock's withdrawals wait
@@ -824,17 +839,20 @@ class Hub:
         cancellation)."""
         now = self.loop.time()
         self._lock_retry_at = {lock: due for lock, due in self._lock_retry_at.items() if due > now}
-        owed = [
-            (key, withdrawal)
-            for key, withdrawal in self._withdrawals.items()  # oldest first
-            if not withdrawal.suspended  # else a retry of its token is on its way
-            and key[0] not in self._lock_retry_at  # else its last try failed just now
-        ]
-        failures = _failures(owed)
         by_lock: dict[LockKeys, list[tuple[WithdrawalKey, _Withdrawal]]] = {}
-        for key, withdrawal in owed:
-            by_lock.setdefault(key[0], []).append((key, withdrawal))
-        locks = list(by_lock)
+        for lock, withdrawals in self._by_lock.items():
+            if lock in self._lock_retry_at:
+                continue  # its last try failed just now
+            ready = [
+                (key, withdrawal)
+                for key, withdrawal in withdrawals.items()  # oldest first
+                if not withdrawal.suspended  # else a retry of its token is on its way
+            ]
+            if ready:
+                by_lock[lock] = ready
+        owed = [pair for ready in by_lock.values() for pair in ready]
+        failures = _failures(owed)
+        locks = sorted(by_lock, key=lambda lock: by_lock[lock][0][1].seq)  # oldest first
         start = self._withdraw_from % len(locks) if locks else 0
         withdrawn: dict[LockKeys, bool] = {}  # a lock's oldest owed withdrawal landed
         replied = False
@@ -900,6 +918,7 @@ class Hub:
             _settle(withdrawal)
         self._withdrawals.clear()
         self._by_token.clear()
+        self._by_lock.clear()
         self._lock_retry_at.clear()
 
     async def _withdraw_one(self, withdrawal: _Withdrawal) -> bool:
@@ -1089,6 +1108,7 @@ class Hub:
             withdrawal.done.cancel()
         self._withdrawals.clear()
         self._by_token.clear()
+        self._by_lock.clear()
         self._lock_retry_at.clear()
         await self.doorbell.aclose()
 

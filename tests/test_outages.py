@@ -891,6 +891,56 @@ async def test_a_lock_whose_withdrawals_keep_failing_holds_up_no_new_withdrawal(
             await lock.release(leases[lock.name])
 
 
+async def test_a_new_withdrawal_costs_no_more_with_thousands_owed_on_a_failing_lock(
+    aredis: AsyncRedis,
+) -> None:
+    """A new withdrawal wakes the withdrawer at once (the lock whose withdrawals
+    fail waits on its own); each wake must cost what it did with one
+    withdrawal owed there, not in proportion to the thousands owed (up to
+    ``MAX_WITHDRAWALS``). Found by an outside attack: with 9,000 owed on a
+    failing lock, each wake looked through all of them three times, about 4 ms
+    of CPU, and 300 give-ups a second on a healthy lock kept a CPU busy."""
+    settings = {"lease_ms": 60_000, "poll_ms": 30_000}
+    failing, healthy = (FifoLock(aredis, name, **settings) for name in ("owes-many", "healthy"))
+    leases = [await lock.acquire(timeout=5) for lock in (failing, healthy)]
+    owed = 5_000
+    doomed = [asyncio.create_task(failing.acquire(token=f"d{n}")) for n in range(owed + 1)]
+
+    async def all_queued() -> bool:
+        return bool(await aredis.zcard(failing.keys.key("queue")) == owed + 1)
+
+    await until(all_queued, f"{owed + 1} queued", timeout_s=30)
+    await aredis.delete(failing.keys.key("queue"))
+    await aredis.set(failing.keys.key("queue"), "not a queue")  # its scripts fail
+    hub = hub_for(aredis)
+
+    async def give_ups() -> float:
+        started = time.process_time()
+        for n in range(200):
+            with contextlib.suppress(LockTimeout):
+                await healthy.acquire(timeout=0, token=f"give-up-{n}")
+        return time.process_time() - started
+
+    try:
+        doomed[0].cancel()
+        await until(lambda: len(hub._withdrawals) == 1, "one withdrawal owed")
+        one = await give_ups()
+        for task in doomed[1:]:
+            task.cancel()
+        await asyncio.gather(*doomed, return_exceptions=True)
+        await until(lambda: len(hub._withdrawals) == owed + 1, f"{owed + 1} withdrawals owed")
+        many = await give_ups()
+        assert many < 2.5 * one, (
+            f"200 give-ups took {many:.2f} s of CPU with {owed + 1} withdrawals owed on a "
+            f"failing lock, {one:.2f} s with one"
+        )
+    finally:
+        await aredis.delete(failing.keys.key("queue"))  # its withdrawals land now
+        await until(lambda: not hub._withdrawals, "the failing lock's withdrawals landed", 30)
+        for lock, lease in zip((failing, healthy), leases, strict=True):
+            await lock.release(lease)
+
+
 @pytest.mark.parametrize("steps", range(4))
 def test_the_loop_closes_as_a_new_withdrawal_wakes_the_withdrawer(
     redis_url: str, steps: int
