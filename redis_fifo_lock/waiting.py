@@ -102,7 +102,7 @@ WITHDRAW_PROBES_PER_ROUND = 8
 first sends one lock's oldest owed withdrawal at a time, as a probe, starting
 where the last round stopped; the first reply from Redis ends the probing,
 also an error about that lock's keys (``KEY_ERRORS``), but not one about
-Redis as a whole (``NOREPLICAS``, ``READONLY``...). Then every other lock's
+Redis as a whole (``SERVER_ERRORS``). Then every other lock's
 oldest is sent, oldest lock first (each may head its queue, with a live
 waiter behind it), and then the others of each lock whose oldest landed. So
 a long outage costs a few connection attempts a round, not one per owed
@@ -116,7 +116,26 @@ tried) pauses every withdrawal."""
 KEY_ERRORS = ("WRONGTYPE",)
 """Error replies that concern the keys a call touched, not Redis as a whole: a
 withdrawal that meets one proves that Redis serves (see
-``WITHDRAW_PROBES_PER_ROUND``)."""
+``WITHDRAW_PROBES_PER_ROUND``). So does an error the script's own Lua raised
+on what it read (``user_script:`` in the reply), unless it carries one of
+``SERVER_ERRORS``."""
+
+SERVER_ERRORS = (
+    "OOM",
+    "READONLY",
+    "NOREPLICAS",
+    "MISCONF",
+    "BUSY",
+    "LOADING",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "NOPERM",
+    "NOSCRIPT",
+)
+"""Error codes about Redis as a whole (every lock would meet them), also when a
+command inside a script met them (Redis 6.2 reports that as the script's
+error)."""
 
 CLOSING_S = 1.0
 """Longest wait, in seconds, that a closing event loop gives the work the lock
@@ -542,11 +561,16 @@ class _Withdrawal:
 
 def _about_its_keys(error: BaseException | None) -> bool:
     """Whether ``error`` is a reply of Redis about the keys the call touched
-    (``KEY_ERRORS``), not about Redis as a whole (``NOREPLICAS``, ``READONLY``,
-    ``OOM``, ``BUSY``, ``CLUSTERDOWN``...), which every lock would meet too."""
+    (``KEY_ERRORS``, or the script failing on what it read there), not about
+    Redis as a whole (``SERVER_ERRORS``), which every lock would meet too."""
+    if not isinstance(error, ResponseError):
+        return False
     # Redis 7 replies with the code first; 6.2 wraps a script's error in its own.
-    return isinstance(error, ResponseError) and any(
-        re.search(rf"\b{code}\b", str(error)) for code in KEY_ERRORS
+    text = str(error)
+    if any(re.search(rf"\b{code}\b", text) for code in KEY_ERRORS):
+        return True
+    return "user_script:" in text and not any(
+        re.search(rf"\b{code}\b", text) for code in SERVER_ERRORS
     )
 
 

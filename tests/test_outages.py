@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,6 +36,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
 
 from redis_fifo_lock import (
     FifoLock,
@@ -58,6 +59,7 @@ from redis_fifo_lock.waiting import (
     RETRY_AFTER_ERROR_S,
     WITHDRAW_PROBES_PER_ROUND,
     WaitGroup,
+    _about_its_keys,
     hub_for,
 )
 from tests.conftest import FaultProxyFactory
@@ -849,33 +851,102 @@ async def test_after_an_outage_a_lock_whose_withdrawals_fail_holds_up_no_other_l
         await client.aclose()
 
 
-async def test_a_lock_whose_withdrawals_keep_failing_holds_up_no_new_withdrawal(
-    aredis: AsyncRedis,
+@pytest.mark.parametrize(
+    ("reply", "about_its_keys"),
+    [
+        (
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: 1f, "
+            "on @user_script:491.",
+            True,
+        ),
+        (
+            "user_script:147: bad argument #1 to 'gmatch' (string expected, got nil) script: 1f, "
+            "on @user_script:147.",
+            True,
+        ),
+        (
+            "Error running script (call to f_1f): @user_script:147: user_script:147: bad "
+            "argument #1 to 'gmatch' (string expected, got nil)",
+            True,
+        ),
+        (
+            "Error running script (call to f_1f): @user_script:12: @user_script: 12: -OOM "
+            "command not allowed when used memory > 'maxmemory'.",
+            False,
+        ),
+        (
+            "READONLY You can't write against a read only replica. script: 1f, on @user_script:12.",
+            False,
+        ),
+        ("NOREPLICAS Not enough good replicas to write.", False),
+    ],
+)
+def test_withdrawal_errors_are_told_apart_by_what_they_are_about(
+    reply: str, about_its_keys: bool
 ) -> None:
-    """One lock's owed withdrawal keeps failing (its queue key was overwritten,
-    so every script on it fails with an error Redis replies with). Another
-    lock's acquire then times out: its withdrawal goes at once, and its
-    request has left the queue when ``LockTimeout`` comes. Before, the failure
-    made the whole hub pause ``RETRY_AFTER_ERROR_S`` between rounds, and a
-    withdrawal owed in that pause waited for it, past the acquire's
-    ``WITHDRAW_GRACE_S`` (found by an outside attack: requests still queued
-    after their timeouts, the next hand-off 0.2 s late)."""
+    """A withdrawal that fails with an error about its own lock's keys (its type,
+    or a script failing on what it read there; Redis 7's and 6.2's wording)
+    proves that Redis serves: only that lock waits. One about Redis as a whole,
+    also from inside a script, pauses every withdrawal (see
+    ``WITHDRAW_PROBES_PER_ROUND``)."""
+    assert _about_its_keys(ResponseError(reply)) is about_its_keys
+
+
+async def _corrupt(admin: AsyncRedis, keys: LockKeys, how: str) -> Callable[[], Awaitable[Any]]:
+    """Make every script on the lock of ``keys`` fail with an error Redis replies
+    with: ``wrongtype``, its queue key overwritten (WRONGTYPE); ``script``, its
+    processes' floor entries garbled (a Lua error in the script). Returns how to
+    mend it (the keys deleted: the scripts on it then work)."""
+    if how == "wrongtype":
+        await admin.delete(keys.key("queue"))
+        await admin.set(keys.key("queue"), "not a queue")
+        return functools.partial(admin.delete, keys.key("queue"))
+    finished = keys.key("finished")
+    for entry in await admin.zrangebylex(finished, "-", "+"):
+        if b"/~ " in entry:
+            await admin.zadd(finished, {entry.split(b" ")[0] + b" zz": 0})
+            await admin.zrem(finished, entry)
+    return functools.partial(admin.delete, finished)
+
+
+@pytest.mark.parametrize("how", ["wrongtype", "script"])
+async def test_a_lock_whose_withdrawals_keep_failing_holds_up_no_new_withdrawal(
+    aredis: AsyncRedis, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """One lock's owed withdrawal keeps failing (its keys were overwritten, so
+    every script on it fails with an error Redis replies with: WRONGTYPE, or
+    a Lua error). Another lock's acquire then times out: its withdrawal goes
+    at once, and its request has left the queue when ``LockTimeout`` comes.
+    Before, the failure made the whole hub pause ``RETRY_AFTER_ERROR_S``
+    between rounds, and a withdrawal owed in that pause waited for it, past
+    the acquire's ``WITHDRAW_GRACE_S`` (found by outside attacks: requests
+    still queued after their timeouts, the next hand-off 0.2 s late; then the
+    same with a Lua error, taken for one about all of Redis)."""
     settings = {"lease_ms": 30_000, "poll_ms": 10_000}
     failing, healthy = (FifoLock(aredis, name, **settings) for name in ("keeps-failing", "fine"))
     leases = {lock.name: await lock.acquire(timeout=5) for lock in (failing, healthy)}
     doomed = asyncio.create_task(failing.acquire(token="doomed"))
     await until(functools.partial(_queued, aredis, failing.keys, "doomed"), "doomed queued")
-    await aredis.delete(failing.keys.key("queue"))
-    await aredis.set(failing.keys.key("queue"), "not a queue")  # its scripts fail from now on
+    mend = await _corrupt(aredis, failing.keys, how)
+    failed = asyncio.Event()  # set as a try of doomed's withdrawal fails
+    withdraw = failing._protocol.withdraw
+
+    async def watched(client: Any, keys: LockKeys, token: str, *args: Any) -> Any:
+        try:
+            return await withdraw(client, keys, token, *args)
+        except Exception:
+            if token == "doomed":
+                failed.set()
+            raise
+
+    monkeypatch.setattr(failing._protocol, "withdraw", watched)  # the protocol is shared
     doomed.cancel()
     await asyncio.gather(doomed, return_exceptions=True)
     hub = hub_for(aredis)
-    await until(
-        lambda: any(withdrawal.failures for withdrawal in hub._withdrawals.values()),
-        "the failing lock's withdrawal failed once",
-    )
     try:
         for attempt in range(3):
+            failed.clear()
+            await asyncio.wait_for(failed.wait(), 5)  # each give-up just after a failed try
             token = f"impatient-{attempt}"
             with pytest.raises(LockTimeout) as timed_out:
                 await healthy.acquire(timeout=0.05, token=token)
@@ -885,7 +956,7 @@ async def test_a_lock_whose_withdrawals_keep_failing_holds_up_no_new_withdrawal(
                 "withdrawal waited behind the failing lock's"
             )
     finally:
-        await aredis.delete(failing.keys.key("queue"))  # its withdrawal lands now
+        await mend()  # the failing lock's withdrawal lands now
         await until(lambda: not hub._withdrawals, "the failing lock's withdrawal landed")
         for lock in (failing, healthy):
             await lock.release(leases[lock.name])

@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 import redis_fifo_lock.calls as calls_module
 import redis_fifo_lock.doorbell as doorbell_module
@@ -693,6 +693,14 @@ class FailurePausesAllHub(Hub):
         return answered and sum(withdrawal.failures for withdrawal in owed) == failures
 
 
+def _only_wrongtype_about_keys(error: BaseException | None) -> bool:
+    """MUTANT script-error-server-wide: only WRONGTYPE is taken for an error about
+    a lock's keys; a script's Lua failing on what it read there is taken for
+    one about all of Redis, and pauses every withdrawal (the bug before this
+    change)."""
+    return isinstance(error, ResponseError) and "WRONGTYPE" in str(error)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -931,6 +939,12 @@ MUTANTS: dict[str, Mutant] = {
             "a failed withdrawal pauses every lock's withdrawals, though Redis answered",
             hub_class=FailurePausesAllHub,
             requires=((Hub._withdraw_round, "return True  # Redis answers"),),
+        ),
+        Mutant(
+            "script-error-server-wide",
+            "a withdrawal's script failing on its lock's data is taken for Redis failing",
+            patches=((waiting_module, "_about_its_keys", _only_wrongtype_about_keys),),
+            requires=((waiting_module._about_its_keys, '"user_script:" in text'),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

@@ -617,9 +617,10 @@ async def held_back_withdrawal(ctx: Context) -> Outcome:
 
 @scenario(
     "failing-neighbour",
-    kills=("failure-pauses-all",),
-    faults="another lock of the process owes a withdrawal that keeps failing (its queue "
-    "key overwritten: WRONGTYPE); a waiter of this lock is cancelled as it fails",
+    kills=("failure-pauses-all", "script-error-server-wide"),
+    faults="another lock of the process owes a withdrawal that keeps failing (its "
+    "process's floor entry garbled: the script's Lua fails); a waiter of this lock is "
+    "cancelled as it fails",
 )
 async def failing_neighbour(ctx: Context) -> Outcome:
     """A lock whose withdrawals keep failing while Redis answers holds up no other
@@ -630,13 +631,15 @@ async def failing_neighbour(ctx: Context) -> Outcome:
     async def case(arena: Arena, holder: tuple[FifoLock, Actor, Any], lock: FifoLock) -> list[str]:
         name = f"{arena.name}-neighbour"
         neighbour = variant(ctx.mutant).lock(lock.client, name, **arena.settings)
-        queue = neighbour.keys.key("queue")
+        queue, finished = neighbour.keys.key("queue"), neighbour.keys.key("finished")
         owner = FifoLock(arena.admin, name, **arena.settings)
         held = await owner.acquire(timeout=5)
         doomed = asyncio.create_task(neighbour.acquire(timeout=60, token="doomed"))
         await arena.until(lambda: _in(arena, queue, "doomed"), "doomed queued")
-        await arena.admin.delete(queue)
-        await arena.admin.set(queue, "not a queue")  # its scripts fail from now on
+        for entry in await arena.admin.zrangebylex(finished, "-", "+"):
+            if b"/~ " in entry:  # a floor entry: garbled, every script on it fails
+                await arena.admin.zadd(finished, {entry.split(b" ")[0] + b" zz": 0})
+                await arena.admin.zrem(finished, entry)
         z = asyncio.create_task(lock.acquire(timeout=60, token="z"))
         await arena.until(lambda: arena.in_queue("z"), "z queued")
         withdraw = lock._protocol.withdraw
@@ -660,7 +663,7 @@ async def failing_neighbour(ctx: Context) -> Outcome:
             problems = _late(time.monotonic() - cancelled[0], "z", "its")
         finally:
             del lock._protocol.withdraw  # the protocol is shared by every lock
-            await arena.admin.delete(queue)  # the neighbour's withdrawal lands now
+            await arena.admin.delete(finished)  # the neighbour's withdrawal lands now
             await arena.until(lambda: not hub._withdrawals, "doomed withdrawn", 5)
             await owner.release(held)
         return problems + await _next_served(arena, holder)
