@@ -22,7 +22,7 @@ import hmac
 import inspect
 import time
 from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -701,6 +701,29 @@ def _only_wrongtype_about_keys(error: BaseException | None) -> bool:
     return isinstance(error, ResponseError) and "WRONGTYPE" in str(error)
 
 
+class WaitForWithdrawerHub(Hub):
+    """MUTANT withdrawer-wait-for: the withdrawer waits for its next try with
+    Python 3.10/3.11's ``asyncio.wait_for``, which loses a cancellation that
+    comes once the awaited event is set: a loop closing just as a new
+    withdrawal woke it, while one lock's withdrawal keeps failing, never
+    closes (the bug in e4d39eb)."""
+
+    async def _withdraw_pending(self) -> None:
+        while self._sendable():
+            if self._client() is None:
+                self._drop_withdrawals()
+                return
+            self._owed_anew.clear()
+            if not await self._withdraw_round():
+                if self._client() is not None:
+                    await asyncio.sleep(waiting_module.RETRY_AFTER_ERROR_S)
+                continue
+            wait_s = self._next_try_s()
+            if wait_s > 0:
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._owed_anew.wait(), wait_s)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -945,6 +968,12 @@ MUTANTS: dict[str, Mutant] = {
             "a withdrawal's script failing on its lock's data is taken for Redis failing",
             patches=((waiting_module, "_about_its_keys", _only_wrongtype_about_keys),),
             requires=((waiting_module._about_its_keys, '"user_script:" in text'),),
+        ),
+        Mutant(
+            "withdrawer-wait-for",
+            "the withdrawer waits for its next try with asyncio.wait_for (3.10, 3.11)",
+            hub_class=WaitForWithdrawerHub,
+            requires=((Hub._withdraw_pending, "due = self.loop.call_later("),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

@@ -238,3 +238,87 @@ async def fast_renewals_at_shutdown(ctx: Context) -> Outcome:
             with contextlib.suppress(LeaseLost):
                 await lock.release(lease)
     return outcome(ctx, "fast-renewals-at-shutdown", problems)
+
+
+CLOSING_ROUNDS = 8
+"""Rounds of the withdrawer-at-shutdown scenario: each closes its loop one more
+loop step after a new withdrawal woke the withdrawer (0 to 3, twice)."""
+
+
+@scenario(
+    "withdrawer-at-shutdown",
+    kills=("withdrawer-wait-for",),
+    faults="asyncio.run returns 0-3 loop steps after a cancelled waiter's withdrawal "
+    "woke the withdrawer, while another lock's withdrawal keeps failing (its floor "
+    "entry garbled)",
+)
+async def withdrawer_at_shutdown(ctx: Context) -> Outcome:
+    """Each loop closes within 10 s (its withdrawer ends on the shutdown's
+    cancellation, however the wake-up met it), and its leases are then
+    released from another loop."""
+    server = ctx.servers()
+    problems: list[str] = []
+    for round_ in range(CLOSING_ROUNDS):
+        arena = Arena(ctx, server.url, f"closing-{round_}", lease_ms=10_000, poll_ms=5_000)
+        neighbour = f"{arena.name}-neighbour"
+        owners = [FifoLock(arena.admin, name, **arena.settings) for name in (neighbour, arena.name)]
+        finished = owners[0].keys.key("finished")
+        leases: list[Lease] = []
+
+        def closes(
+            arena: Arena = arena,
+            leases: list[Lease] = leases,
+            steps: int = round_ % 4,
+            neighbour: str = neighbour,
+            finished: str = finished,
+        ) -> None:
+            async def main() -> None:
+                client = Redis.from_url(server.url)
+                lock, failing = arena.lock(client), FifoLock(client, neighbour, **arena.settings)
+                leases.extend([await failing.acquire(timeout=5), await lock.acquire(timeout=5)])
+                doomed = asyncio.create_task(failing.acquire(token="doomed"))
+                await until(lambda: _queued(client, failing, "doomed"), "doomed queued")
+                await _garble_floors(client, finished)
+                doomed.cancel()
+                await asyncio.gather(doomed, return_exceptions=True)
+                hub = hub_for(client)
+                await until(
+                    lambda: any(owed.failures for owed in hub._withdrawals.values()),
+                    "the neighbour's withdrawal failed",
+                )
+                waiting = asyncio.create_task(lock.acquire(token="waiting"))
+                await until(lambda: _queued(client, lock, "waiting"), "waiting queued")
+                waiting.cancel()
+                while not hub._owed_anew.is_set():  # noqa: ASYNC110 - steps count from the set
+                    await asyncio.sleep(0)
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+
+            asyncio.run(main())
+
+        closing = threading.Thread(target=closes, daemon=True)  # left behind if it hangs
+        closing.start()
+        await asyncio.get_running_loop().run_in_executor(None, closing.join, 10)
+        await arena.admin.delete(finished)  # the neighbour's scripts work again
+        if closing.is_alive():
+            problems.append(f"round {round_}: asyncio.run did not return in 10 s")
+            await arena.close()
+            break
+        for owner, lease in zip(owners, leases, strict=True):
+            with contextlib.suppress(LeaseLost):
+                await owner.release(lease)
+        await arena.close()
+    return outcome(ctx, "withdrawer-at-shutdown", problems)
+
+
+async def _queued(admin: Redis, lock: FifoLock, token: str) -> bool:
+    """Whether ``token`` is in ``lock``'s queue (read through ``admin``)."""
+    return await admin.zscore(lock.keys.key("queue"), token) is not None
+
+
+async def _garble_floors(admin: Redis, finished: str) -> None:
+    """Garble the floor entries in ``finished``: every script on that lock fails."""
+    for entry in await admin.zrangebylex(finished, "-", "+"):
+        if b"/~ " in entry:
+            await admin.zadd(finished, {entry.split(b" ")[0] + b" zz": 0})
+            await admin.zrem(finished, entry)
