@@ -118,7 +118,8 @@ KEY_ERRORS = ("WRONGTYPE",)
 withdrawal that meets one proves that Redis serves (see
 ``WITHDRAW_PROBES_PER_ROUND``). So does an error the script's own Lua raised
 on what it read (``user_script:`` in the reply), unless it carries one of
-``SERVER_ERRORS``."""
+``SERVER_ERRORS`` (or redis-py raised it as one of its subclasses of
+``ResponseError``, which it does for most of them)."""
 
 SERVER_ERRORS = (
     "OOM",
@@ -569,8 +570,13 @@ def _about_its_keys(error: BaseException | None) -> bool:
     text = str(error)
     if any(re.search(rf"\b{code}\b", text) for code in KEY_ERRORS):
         return True
-    return "user_script:" in text and not any(
-        re.search(rf"\b{code}\b", text) for code in SERVER_ERRORS
+    # redis-py raises a subclass for most server-wide codes (OutOfMemoryError,
+    # ReadOnlyError...) and cuts the code off its text: only a plain error is
+    # the script's own.
+    return (
+        type(error) is ResponseError
+        and "user_script:" in text
+        and not any(re.search(rf"\b{code}\b", text) for code in SERVER_ERRORS)
     )
 
 
