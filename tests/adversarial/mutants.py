@@ -724,6 +724,21 @@ class WaitForWithdrawerHub(Hub):
                     await asyncio.wait_for(self._owed_anew.wait(), wait_s)
 
 
+def _subclasses_about_keys(error: BaseException | None) -> bool:
+    """MUTANT subclass-errors-about-keys: any error whose text places it inside a
+    script (``user_script:``) and names no server-wide code is taken for one
+    about the lock's keys, also the ``OutOfMemoryError`` and ``ReadOnlyError``
+    that redis-py raises with the code cut off: an OOM makes every round try
+    every lock's oldest withdrawal (the bug in 07ec95d)."""
+    if not isinstance(error, ResponseError):
+        return False
+    text = str(error)
+    return "WRONGTYPE" in text or (
+        "user_script:" in text
+        and not any(code in text.split() for code in waiting_module.SERVER_ERRORS)
+    )
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One deliberately broken lock (or, for ``REAL``, the lock itself)."""
@@ -974,6 +989,12 @@ MUTANTS: dict[str, Mutant] = {
             "the withdrawer waits for its next try with asyncio.wait_for (3.10, 3.11)",
             hub_class=WaitForWithdrawerHub,
             requires=((Hub._withdraw_pending, "due = self.loop.call_later("),),
+        ),
+        Mutant(
+            "subclass-errors-about-keys",
+            "an OOM or READONLY met inside a script is taken for an error about its keys",
+            patches=((waiting_module, "_about_its_keys", _subclasses_about_keys),),
+            requires=((waiting_module._about_its_keys, "type(error) is ResponseError"),),
         ),
         Mutant(
             "abandoned-not-withdrawn",

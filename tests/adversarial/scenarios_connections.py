@@ -338,6 +338,63 @@ async def owed_withdrawals_outage(ctx: Context) -> Outcome:
     return outcome(ctx, "owed-withdrawals-outage", problems)
 
 
+OOM_LOCKS = 60
+"""Locks of the oom-refusals scenario, each with one waiter of the process."""
+
+
+@scenario(
+    "oom-refusals",
+    kills=("subclass-errors-about-keys",),
+    faults="Redis refuses every write (maxmemory 1, noeviction: OOM, met inside the "
+    f"scripts) while a process's waiters on {OOM_LOCKS} locks give up, then accepts "
+    "writes again",
+)
+async def oom_refusals(ctx: Context) -> Outcome:
+    """An OOM met inside a withdraw script is about all of Redis, as an outage is:
+    the withdrawals owed on many locks are tried a few a round, not every
+    lock's each round; once Redis accepts writes again, every one lands."""
+    server = ctx.servers()
+    arena = Arena(ctx, server.url, "oom", lease_ms=30_000, poll_ms=1000)
+    problems: list[str] = []
+    client = Redis.from_url(server.url)
+    arena.clients.append(client)
+    names = [f"{arena.name}-{n}" for n in range(OOM_LOCKS)]
+    owners = [FifoLock(arena.admin, name, **arena.settings) for name in names]
+    locks = [variant(ctx.mutant).lock(client, name, **arena.settings) for name in names]
+    hub = hub_for(client)
+    try:
+        leases = [await owner.acquire(timeout=5) for owner in owners]
+        waiters = [asyncio.create_task(lock.acquire(timeout=60, token="w")) for lock in locks]
+        for lock in locks:
+            await arena.until(partial(_in, arena, lock.keys.key("queue"), "w"), "w queued")
+        await arena.admin.config_set("maxmemory", 1)  # with noeviction, the default
+        arena.faults.fault("oom", os.getpid())
+        try:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            await arena.until(lambda: len(hub._withdrawals) == OOM_LOCKS, "every one owed")
+            tried = sum(owed.failures for owed in hub._withdrawals.values())
+            await asyncio.sleep(OUTAGE_WINDOW_S)  # the window the tries are counted in
+            tried = sum(owed.failures for owed in hub._withdrawals.values()) - tried
+            if tried > OWED_TRIES_BOUND:
+                problems.append(
+                    f"{tried} withdrawals tried in {OUTAGE_WINDOW_S:g} s of OOM for "
+                    f"{OOM_LOCKS} locks (bound {OWED_TRIES_BOUND})"
+                )
+        finally:
+            await arena.admin.config_set("maxmemory", 0)
+        try:
+            await arena.until(lambda: not hub._withdrawals, "every withdrawal landed", 10)
+        except AssertionError:
+            problems.append(f"{len(hub._withdrawals)} withdrawals owed 10 s after the OOM")
+        for owner, lease in zip(owners, leases, strict=True):
+            await owner.release(lease)
+    finally:
+        await arena.close()
+    return outcome(ctx, "oom-refusals", problems)
+
+
 SLOW_DELAY_MS, SLOW_LEASE_MS, SLOW_TIMEOUTS_S = 400, 300, (0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8)
 """The slow-link scenario: every reply 0.4 s late, a lease of 0.3 s, and the
 timeouts its acquires are given (a lock that gives each call made again its
