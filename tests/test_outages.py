@@ -63,6 +63,7 @@ from redis_fifo_lock.waiting import (
     hub_for,
 )
 from tests.conftest import FaultProxyFactory
+from tests.support.damage import garble_floors
 from tests.support.polling import until
 
 pytestmark = pytest.mark.timeout(90)
@@ -910,12 +911,8 @@ async def _corrupt(admin: AsyncRedis, keys: LockKeys, how: str) -> Callable[[], 
         await admin.delete(keys.key("queue"))
         await admin.set(keys.key("queue"), "not a queue")
         return functools.partial(admin.delete, keys.key("queue"))
-    finished = keys.key("finished")
-    for entry in await admin.zrangebylex(finished, "-", "+"):
-        if b"/~ " in entry:
-            await admin.zadd(finished, {entry.split(b" ")[0] + b" zz": 0})
-            await admin.zrem(finished, entry)
-    return functools.partial(admin.delete, finished)
+    await garble_floors(admin, keys)
+    return functools.partial(admin.delete, keys.key("finished"))
 
 
 @pytest.mark.parametrize("how", ["wrongtype", "script"])

@@ -25,6 +25,7 @@ from tests.adversarial.clients import names
 from tests.adversarial.faults import kill_connections
 from tests.adversarial.mutants import variant
 from tests.adversarial.registry import LEASE_MS, POLL_MS, Context, Outcome, outcome, scenario
+from tests.support.damage import garble_floors
 from tests.support.proxy import FaultProxy
 from tests.support.record import read_lines
 
@@ -693,10 +694,7 @@ async def failing_neighbour(ctx: Context) -> Outcome:
         held = await owner.acquire(timeout=5)
         doomed = asyncio.create_task(neighbour.acquire(timeout=60, token="doomed"))
         await arena.until(lambda: _in(arena, queue, "doomed"), "doomed queued")
-        for entry in await arena.admin.zrangebylex(finished, "-", "+"):
-            if b"/~ " in entry:  # a floor entry: garbled, every script on it fails
-                await arena.admin.zadd(finished, {entry.split(b" ")[0] + b" zz": 0})
-                await arena.admin.zrem(finished, entry)
+        await garble_floors(arena.admin, neighbour.keys)  # its scripts fail from now on
         z = asyncio.create_task(lock.acquire(timeout=60, token="z"))
         await arena.until(lambda: arena.in_queue("z"), "z queued")
         withdraw = lock._protocol.withdraw

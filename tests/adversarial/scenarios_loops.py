@@ -21,6 +21,7 @@ from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
 from tests.adversarial.arena import Arena
 from tests.adversarial.registry import Context, Outcome, outcome, scenario
+from tests.support.damage import garble_floors
 from tests.support.polling import until
 from tests.support.record import read_lines
 
@@ -270,7 +271,6 @@ async def withdrawer_at_shutdown(ctx: Context) -> Outcome:
             leases: list[Lease] = leases,
             steps: int = round_ % 4,
             neighbour: str = neighbour,
-            finished: str = finished,
         ) -> None:
             async def main() -> None:
                 client = Redis.from_url(server.url)
@@ -278,7 +278,7 @@ async def withdrawer_at_shutdown(ctx: Context) -> Outcome:
                 leases.extend([await failing.acquire(timeout=5), await lock.acquire(timeout=5)])
                 doomed = asyncio.create_task(failing.acquire(token="doomed"))
                 await until(lambda: _queued(client, failing, "doomed"), "doomed queued")
-                await _garble_floors(client, finished)
+                await garble_floors(client, failing.keys)
                 doomed.cancel()
                 await asyncio.gather(doomed, return_exceptions=True)
                 hub = hub_for(client)
@@ -314,11 +314,3 @@ async def withdrawer_at_shutdown(ctx: Context) -> Outcome:
 async def _queued(admin: Redis, lock: FifoLock, token: str) -> bool:
     """Whether ``token`` is in ``lock``'s queue (read through ``admin``)."""
     return await admin.zscore(lock.keys.key("queue"), token) is not None
-
-
-async def _garble_floors(admin: Redis, finished: str) -> None:
-    """Garble the floor entries in ``finished``: every script on that lock fails."""
-    for entry in await admin.zrangebylex(finished, "-", "+"):
-        if b"/~ " in entry:
-            await admin.zadd(finished, {entry.split(b" ")[0] + b" zz": 0})
-            await admin.zrem(finished, entry)
