@@ -828,16 +828,19 @@ class Hub:
                 continue
             wait_s = self._next_try_s()
             if wait_s > 0:
-                # Only locks whose withdrawals failed are owed: until the first
-                # is due, or until a withdrawal of another lock is owed. Not
-                # asyncio.wait_for: on Python 3.10 and 3.11 it loses a
-                # cancellation that comes once the event is set, and the loop's
-                # close would wait for this task for ever.
-                due = self.loop.call_later(wait_s, self._owed_anew.set)
-                try:
-                    await self._owed_anew.wait()
-                finally:
-                    due.cancel()
+                await self._wait_for_next_try(wait_s)
+
+    async def _wait_for_next_try(self, wait_s: float) -> None:
+        """Only locks whose withdrawals failed are owed: wait ``wait_s``
+        seconds, until the first is due, or less if a withdrawal of another
+        lock is owed meanwhile. Not ``asyncio.wait_for``: on Python 3.10 and
+        3.11 it loses a cancellation that comes once the event is set, and the
+        loop's close would wait for the withdrawer for ever."""
+        due = self.loop.call_later(wait_s, self._owed_anew.set)
+        try:
+            await self._owed_anew.wait()
+        finally:
+            due.cancel()
 
     def _next_try_s(self) -> float:
         """Seconds until an owed withdrawal that no retry holds back may be

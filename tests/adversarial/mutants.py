@@ -708,20 +708,9 @@ class WaitForWithdrawerHub(Hub):
     withdrawal woke it, while one lock's withdrawal keeps failing, never
     closes (the bug in e4d39eb)."""
 
-    async def _withdraw_pending(self) -> None:
-        while self._sendable():
-            if self._client() is None:
-                self._drop_withdrawals()
-                return
-            self._owed_anew.clear()
-            if not await self._withdraw_round():
-                if self._client() is not None:
-                    await asyncio.sleep(waiting_module.RETRY_AFTER_ERROR_S)
-                continue
-            wait_s = self._next_try_s()
-            if wait_s > 0:
-                with suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._owed_anew.wait(), wait_s)
+    async def _wait_for_next_try(self, wait_s: float) -> None:
+        with suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._owed_anew.wait(), wait_s)
 
 
 def _subclasses_about_keys(error: BaseException | None) -> bool:
@@ -988,7 +977,7 @@ MUTANTS: dict[str, Mutant] = {
             "withdrawer-wait-for",
             "the withdrawer waits for its next try with asyncio.wait_for (3.10, 3.11)",
             hub_class=WaitForWithdrawerHub,
-            requires=((Hub._withdraw_pending, "due = self.loop.call_later("),),
+            requires=((Hub._wait_for_next_try, "due = self.loop.call_later("),),
         ),
         Mutant(
             "subclass-errors-about-keys",
