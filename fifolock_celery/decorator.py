@@ -217,8 +217,8 @@ def run_locked(
             lease = acquire(lock, spec.timeout)
     except LockTimeout as busy:
         return contended(task, spec.policy, spec.countdown, busy)
-    granted(task, spec.policy, lease, time.monotonic() - started)
     with published(lock, lease):
+        granted(task, spec.policy, lease, time.monotonic() - started)
         return func(*args, **kwargs)
 
 
@@ -326,7 +326,11 @@ def fifo_locked(
         LockTimeout: ``timeout`` ran out under the ``wait`` policy (or under
             ``retry`` in an eager call); nothing is left queued.
         celery.exceptions.Retry: the ``retry`` policy republished the task.
-        RedisUnavailable: Redis could not be reached to acquire or release.
+        RedisUnavailable: Redis could not be reached to acquire, or to release
+            after a body that returned (the release is tried again for about a
+            second first, as ``SyncFifoLock.hold`` does). After a body that
+            raised, the body's exception is what the task raises, with the
+            release's failure attached as its ``fifolock_release_error``.
         NotReplicated: (a ``RedisUnavailable``) with ``replicas`` above 0, fewer
             replicas acknowledged the grant in time; the body did not run.
         LeaseLost: at release, the lease had been lost while the body ran (it

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from redis_fifo_lock import Lease, LockUsageError, SyncFifoLock, metrics
+from redis_fifo_lock import Lease, LeaseLost, LockUsageError, SyncFifoLock, metrics
+from redis_fifo_lock.holding import attach_release_error
 
 _held: ContextVar[tuple[Lease, ...]] = ContextVar("fifolock_celery_held", default=())
 
@@ -65,23 +66,38 @@ def acquire(lock: SyncFifoLock, timeout: float | None) -> Lease:
 
 @contextmanager
 def published(lock: SyncFifoLock, lease: Lease) -> Iterator[Lease]:
-    """Publish ``lease`` to ``current_lease()`` for the block, then always release it.
+    """Publish ``lease`` to ``current_lease()`` for the block, then always release
+    it, retrying while Redis cannot be reached (``SyncFifoLock.release_retrying``).
+
+    Enter it as soon as ``lease`` is granted: whatever is raised into the task
+    from then on (a soft time limit) still releases the lease.
 
     Args:
         lock: the lock that granted ``lease``.
         lease: the lease, as returned by ``acquire``.
 
     Raises:
-        LeaseLost: from ``SyncFifoLock.release``, on the way out, when the lease
-            was lost while the block ran; it replaces an exception the block
-            raised (which stays attached as ``__context__``).
-        RedisUnavailable: the release could not reach Redis (the lease then
-            expires within ``lease_ms``).
+        LeaseLost: on the way out, when the lease was lost while the block ran;
+            it replaces an exception the block raised (which stays attached as
+            ``__context__``): the body did not hold the lock all along.
+        RedisUnavailable: the release could not reach Redis within its retries
+            (the lease then expires within ``lease_ms``), when the block
+            returned. When the block raised, its own exception propagates, with
+            the release's failure as its ``fifolock_release_error`` attribute.
     """
-    token = _held.set((*_held.get(), lease))
     try:
-        with metrics.current(lease):  # the task body's spans are the hold's children
-            yield lease
-    finally:
-        _held.reset(token)
-        lock.release(lease)
+        token = _held.set((*_held.get(), lease))
+        try:
+            with metrics.current(lease):  # the task body's spans are the hold's children
+                yield lease
+        finally:
+            _held.reset(token)
+    except BaseException as error:
+        try:
+            lock.release_retrying(lease)
+        except LeaseLost:
+            raise
+        except Exception as failure:
+            attach_release_error(error, failure, lock.name)
+        raise
+    lock.release_retrying(lease)

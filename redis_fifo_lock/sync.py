@@ -179,13 +179,26 @@ class SyncFifoLock:
                 yield lease
         except BaseException as error:
             try:
-                self._release_retrying(lease)
+                self.release_retrying(lease)
             except Exception as failure:
                 attach_release_error(error, failure, self.name)
             raise
-        self._release_retrying(lease)
+        self.release_retrying(lease)
 
-    def _release_retrying(self, lease: Lease) -> None:
+    def release_retrying(self, lease: Lease) -> None:
+        """Release ``lease`` as ``hold()`` does on the way out: a try that
+        cannot reach Redis is made again after the pauses of
+        ``holding.RELEASE_RETRY_PAUSES_S`` (about a second in all), each try
+        waiting at most ``holding.RELEASE_TRY_S`` seconds for its reply, so that
+        a short outage does not leave the lock held until ``lease_ms`` runs out.
+        For code that holds a lease across a block of its own (a Celery task's
+        body) instead of using ``hold()``.
+
+        Raises:
+            RedisUnavailable: every try failed or went unanswered; the lease
+                then expires by itself within ``lease_ms``.
+            LeaseLost, LockUsageError: as ``release`` (never retried).
+        """
         lease.check_owner()
 
         async def run() -> None:

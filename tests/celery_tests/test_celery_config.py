@@ -9,18 +9,23 @@ in real workers (``test_celery.py`` and the other modules here).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from celery import Celery, Task
 from celery.exceptions import Retry
 
+import fifolock_celery.decorator as decorator_module
+import fifolock_celery.lease as lease_module
+import fifolock_celery.policies as policies_module
 from fifolock_celery import (
     REDIS_URL_SETTING,
     SKIPPED,
@@ -32,9 +37,11 @@ from fifolock_celery import (
     lock_for,
     start_warnings,
 )
+from fifolock_celery.decorator import LockSpec
 from fifolock_celery.names import NameTemplate
 from fifolock_celery.worker import spec_of
 from redis_fifo_lock import (
+    Lease,
     LeaseLost,
     LockError,
     LockSettings,
@@ -42,10 +49,13 @@ from redis_fifo_lock import (
     LockUsageError,
     NotReplicated,
     RedisUnavailable,
+    SyncFifoLock,
 )
 from redis_fifo_lock.holds import violations
 from tests.celery_tests import celery_app as tasks
+from tests.conftest import FaultProxyFactory
 from tests.support.celery_worker import ROOT, Log, unique
+from tests.support.proxy import FaultProxy
 
 # -- settings, decoration rules, outside a worker ------------------------------
 
@@ -650,6 +660,194 @@ def test_the_worker_signal_logs_the_start_warnings(caplog: pytest.LogCaptureFixt
     [record] = [r for r in caplog.records if r.getMessage().startswith("task t.")]
     assert record.levelname == "WARNING"
     assert record.getMessage().startswith("task t.beyond_max_hold:")
+
+
+# -- the release, whatever ends the body -----------------------------------------
+
+
+class Interrupted(Exception):
+    """Stands for an exception raised into the task from outside (Celery's
+    ``SoftTimeLimitExceeded``, raised by a signal handler) just after the grant."""
+
+
+class BodyFailed(Exception):
+    """What a task body raises in the tests below."""
+
+
+class _InterruptTheGrantLog(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        if "holds FIFO lock" in record.getMessage():
+            raise Interrupted("a soft time limit while the grant is logged")
+
+
+class _EndTheOutage(logging.Handler):
+    """Lets connections through ``proxy`` again when the release's first try
+    is reported failed: an outage that ends within the release's retries."""
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        super().__init__()
+        self.proxy = proxy
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "trying again" in record.getMessage():
+            self.proxy.max_connections = 256
+
+
+@pytest.fixture
+def watched(request: pytest.FixtureRequest) -> Iterator[list[logging.Handler]]:
+    """Handlers to attach, at INFO, to the loggers of ``fifolock_celery`` and
+    ``redis_fifo_lock`` for the test (removed after it)."""
+    handlers: list[logging.Handler] = []
+    yield handlers
+    for name in ("fifolock_celery", "redis_fifo_lock"):
+        for handler in handlers:
+            logging.getLogger(name).removeHandler(handler)
+
+
+def _watch(handlers: list[logging.Handler], handler: logging.Handler, logger: str) -> None:
+    handlers.append(handler)
+    watched_logger = logging.getLogger(logger)
+    watched_logger.addHandler(handler)
+    if not watched_logger.isEnabledFor(logging.INFO):
+        watched_logger.setLevel(logging.INFO)
+
+
+@pytest.fixture
+def proxied_app(app: Celery, fault_proxy: FaultProxyFactory) -> Iterator[tuple[Celery, FaultProxy]]:
+    """An app of its own whose locks reach the test Redis through a fault proxy."""
+    proxy = fault_proxy(app.conf.broker_url)
+    fresh = Celery("proxied", broker=app.conf.broker_url, set_as_current=False)
+    fresh.conf.update(
+        fifo_lock_redis_url=f"{proxy.url[: -len('/0')]}/{tasks.BROKER_DB}",
+        fifo_lock_lease_ms=5000,
+        fifo_lock_poll_ms=1000,
+    )
+    fresh.finalize()
+    yield fresh, proxy
+    proxy.max_connections = 256
+    fresh.close()
+
+
+def _interrupted_as_granted(app: Celery, key: str, handlers: list[logging.Handler]) -> bool:
+    """Run a locked task eagerly whose grant log raises ``Interrupted``; whether
+    its lock is still held afterwards."""
+
+    @app.task(shared=False)
+    @fifo_locked("interrupted-{key}", timeout=5)
+    def body(key: str) -> str:
+        return "ran"
+
+    _watch(handlers, _InterruptTheGrantLog(), "fifolock_celery")
+    result = body.apply((key,))
+    assert isinstance(result.result, Interrupted)
+    # The result keeps the traceback, and with it the lease: only a release frees it.
+    return lock_for(app, f"interrupted-{key}").status().held
+
+
+def _released_through_a_short_outage(
+    app: Celery, proxy: FaultProxy, key: str, handlers: list[logging.Handler]
+) -> str:
+    """Run a locked task eagerly whose release meets an outage that ends at its
+    first retry; what went wrong ("" for nothing)."""
+
+    @app.task(shared=False)
+    @fifo_locked("blip-{key}", timeout=5)
+    def body(key: str) -> str:
+        proxy.max_connections = 0  # Redis cannot be reached until the first retry
+        proxy.reset()
+        return "done"
+
+    _watch(handlers, _EndTheOutage(proxy), "redis_fifo_lock")
+    result = body.apply((key,))
+    proxy.max_connections = 256
+    if not result.successful():
+        return f"the task failed: {result.result!r}"
+    if lock_for(app, f"blip-{key}").status().held:
+        return "the lock is still held"
+    return ""
+
+
+def _raised_when_redis_is_gone(app: Celery, proxy: FaultProxy, key: str) -> BaseException:
+    """What a locked task raises whose body raises ``BodyFailed`` once Redis
+    cannot be reached any more."""
+
+    @app.task(shared=False, autoretry_for=(BodyFailed,), max_retries=0)
+    @fifo_locked("down-{key}", timeout=5)
+    def body(key: str) -> None:
+        proxy.max_connections = 0  # for good: every try of the release fails
+        proxy.reset()
+        raise BodyFailed("the body's own error")
+
+    raised = body.apply((key,)).result
+    assert isinstance(raised, BaseException)
+    return raised
+
+
+def test_an_interruption_while_the_grant_is_logged_still_releases_the_lock(
+    fresh_app: Celery, key: str, watched: list[logging.Handler]
+) -> None:
+    assert not _interrupted_as_granted(fresh_app, key, watched)
+
+
+def test_a_release_that_meets_a_short_outage_is_retried_and_the_task_succeeds(
+    proxied_app: tuple[Celery, FaultProxy], key: str, watched: list[logging.Handler]
+) -> None:
+    assert _released_through_a_short_outage(*proxied_app, key, watched) == ""
+
+
+def test_a_release_that_cannot_reach_redis_never_hides_what_the_body_raised(
+    proxied_app: tuple[Celery, FaultProxy], key: str
+) -> None:
+    raised = _raised_when_redis_is_gone(*proxied_app, key)
+
+    assert isinstance(raised, BodyFailed)
+    failure = getattr(raised, "fifolock_release_error", None)
+    assert isinstance(failure, RedisUnavailable)
+    assert f"down-{key}" in str(failure)
+
+
+def _grant_logged_unguarded(
+    spec: LockSpec, func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """MUTANT grant-logged-unguarded: the grant is logged before the release is
+    guarded, so what is raised into the task meanwhile leaves the lease held
+    (the bug before this test)."""
+    task = decorator_module._running_task(args, spec)
+    lock = spec.lock(task, spec.name.format(args, kwargs, task.name))
+    lease = lease_module.acquire(lock, spec.timeout)
+    policies_module.granted(task, spec.policy, lease, 0.0)
+    with lease_module.published(lock, lease):
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def _released_once(lock: SyncFifoLock, lease: Lease) -> Iterator[Lease]:
+    """MUTANT release-once: the body's lease is released with one plain
+    ``release``, whose failure replaces what the body raised (the bug before
+    these tests)."""
+    try:
+        yield lease
+    finally:
+        lock.release(lease)
+
+
+def test_an_interruption_while_the_grant_is_logged_kills_grant_logged_unguarded(
+    fresh_app: Celery, key: str, watched: list[logging.Handler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decorator_module, "run_locked", _grant_logged_unguarded)
+    assert _interrupted_as_granted(fresh_app, key, watched), "grant-logged-unguarded passed"
+    lock_for(fresh_app, f"interrupted-{key}").force_release()
+
+
+def test_the_release_through_outages_kills_release_once(
+    proxied_app: tuple[Celery, FaultProxy],
+    key: str,
+    watched: list[logging.Handler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(decorator_module, "published", _released_once)
+    assert _released_through_a_short_outage(*proxied_app, key, watched), "release-once passed"
+    assert not isinstance(_raised_when_redis_is_gone(*proxied_app, f"{key}-2"), BodyFailed)
 
 
 # -- errors ------------------------------------------------------------------------
