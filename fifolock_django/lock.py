@@ -19,6 +19,7 @@ core's ``SyncFifoLock`` and ``FifoLock``.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
@@ -119,8 +120,11 @@ class CacheFifoLock:
     lock never fails open. With ``replicas`` above 0, entering raises
     ``NotReplicated`` (a ``RedisUnavailable``) when too few replicas
     acknowledged the grant in time. Leaving raises ``LeaseLost`` when the lease was lost
-    while the block ran. One object serves one ``with`` at a time; entering it
-    again while held raises ``LockUsageError``. The sync forms (``with``,
+    while the block ran. One object may be shared, as a ``threading.Lock``
+    is: each thread (``with``) or asyncio task (``async with``) that enters it
+    waits for a lease of its own, which its own exit releases; entering it
+    again from the same thread or task while inside raises
+    ``LockUsageError``. The sync forms (``with``,
     ``acquire``, ``release``, ``status``) in a thread that runs an event loop
     raise ``LockUsageError`` (they would block the loop): use the async ones.
 
@@ -146,7 +150,11 @@ class CacheFifoLock:
         self.timeout = check_timeout(timeout)
         self.settings = settings
         self.clients = clients
-        self._held: AbstractContextManager[Lease] | AbstractAsyncContextManager[Lease] | None = None
+        # The holds of the threads and tasks inside a with block of this object,
+        # by thread id or task: one entry per block entered and not yet left.
+        self._holds: dict[
+            object, AbstractContextManager[Lease] | AbstractAsyncContextManager[Lease]
+        ] = {}
 
     def __repr__(self) -> str:
         return f"<CacheFifoLock {self.name!r} timeout={self.timeout} {self.settings}>"
@@ -243,20 +251,21 @@ class CacheFifoLock:
 
     # --- with / async with ------------------------------------------------------------
 
-    def _claim(self, how: str) -> None:
-        if self._held is not None:
+    def _claim(self, inside: object, how: str) -> None:
+        if inside in self._holds:
             raise LockUsageError(
                 self.name,
-                f"this cache.fifo_lock() object is already entered; {how} needs a "
-                "fresh cache.fifo_lock(...) call",
+                f"this cache.fifo_lock() object is already entered by this {how}; "
+                "a nested block needs a fresh cache.fifo_lock(...) call",
             )
 
     def __enter__(self) -> Lease:
-        self._claim("each `with`")
         _no_running_loop(self.name, "`with cache.fifo_lock(...)`")
+        inside = threading.get_ident()
+        self._claim(inside, "thread")
         hold = self.sync_lock().hold(self.timeout)
         lease = hold.__enter__()
-        self._held = hold
+        self._holds[inside] = hold
         return lease
 
     def __exit__(
@@ -265,16 +274,17 @@ class CacheFifoLock:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool | None:
-        hold, self._held = self._held, None
+        hold = self._holds.pop(threading.get_ident(), None)
         if not isinstance(hold, AbstractContextManager):
             raise LockUsageError(self.name, "__exit__ without a matching `with` entry")
         return hold.__exit__(exc_type, exc, traceback)
 
     async def __aenter__(self) -> Lease:
-        self._claim("each `async with`")
+        inside = _current_task(self.name)
+        self._claim(inside, "asyncio task")
         hold = self.async_lock().hold(self.timeout)
         lease = await hold.__aenter__()
-        self._held = hold
+        self._holds[inside] = hold
         return lease
 
     async def __aexit__(
@@ -283,10 +293,22 @@ class CacheFifoLock:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool | None:
-        hold, self._held = self._held, None
+        hold = self._holds.pop(_current_task(self.name), None)
         if not isinstance(hold, AbstractAsyncContextManager):
             raise LockUsageError(self.name, "__aexit__ without a matching `async with` entry")
         return await hold.__aexit__(exc_type, exc, traceback)
+
+
+def _current_task(name: str) -> asyncio.Task[Any]:
+    """The running asyncio task, which an ``async with`` block belongs to.
+
+    Raises:
+        LockUsageError: no task runs (a coroutine driven by hand).
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise LockUsageError(name, "`async with cache.fifo_lock(...)` must run in an asyncio task")
+    return task
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -25,8 +26,9 @@ from redis import Connection, Redis
 from redis.asyncio.connection import SSLConnection
 
 import fifolock_django
+import fifolock_django.lock as lock_module
 from fifolock_django import builtin, cache
-from fifolock_django.lock import SupportsFifoLock, lock_cache
+from fifolock_django.lock import CacheFifoLock, SupportsFifoLock, lock_cache
 from redis_fifo_lock import (
     Lease,
     LeaseLost,
@@ -39,6 +41,7 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.testing import PrivateRedisFactory
+from tests.support.polling import until
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -278,12 +281,105 @@ async def test_sync_forms_on_a_thread_running_an_event_loop_are_refused(
     assert not (await lock.astatus()).held
 
 
-def test_one_lock_object_serves_one_with_at_a_time(counter_cache: Any) -> None:
+def test_one_lock_object_entered_again_by_the_same_thread_is_refused(counter_cache: Any) -> None:
     lock = counter_cache.fifo_lock("x")
     with lock, pytest.raises(LockUsageError, match="already entered"), lock:
         pass
     with lock as lease:  # reusable once left
         assert not lease.lost
+
+
+def _two_threads_through_one_object(cache: Any) -> list[str]:
+    """Threads a and b enter one ``cache.fifo_lock()`` object behind a third
+    holder; a is granted, an operator force-releases a's lease, b is granted,
+    then a leaves, then b: what went wrong (each exit must release its own)."""
+    shared = cache.fifo_lock("shared", timeout=20)
+    entered = {who: threading.Event() for who in "ab"}
+    may_leave = {who: threading.Event() for who in "ab"}
+    fences: dict[str, int] = {}
+    ended: dict[str, BaseException | None] = {}
+
+    def inside(who: str) -> None:
+        try:
+            with shared as lease:
+                fences[who] = lease.fence
+                entered[who].set()
+                may_leave[who].wait(20)
+        except BaseException as exc:
+            ended[who] = exc
+        else:
+            ended[who] = None
+
+    async def queued(count: int) -> bool:
+        return bool((await cache.fifo_lock("shared").astatus()).waiting >= count)
+
+    threads = {who: threading.Thread(target=inside, args=(who,)) for who in "ab"}
+    with cache.fifo_lock("shared", timeout=5):  # both wait behind this holder
+        for count, who in enumerate("ab", start=1):
+            threads[who].start()
+            async_to_sync(until)(partial(queued, count), f"{who} queued")
+    assert entered["a"].wait(10)
+    shared.sync_lock().force_release()  # an operator frees a's lease: b is granted
+    assert entered["b"].wait(10)
+    problems = []
+    may_leave["a"].set()
+    threads["a"].join(10)
+    if not isinstance(ended["a"], LeaseLost):
+        problems.append(f"a's exit ended with {ended['a']!r}, not LeaseLost for its own lease")
+    status = shared.status()
+    if (status.held, status.holder_fence) != (True, fences["b"]):
+        problems.append(f"b's lease did not survive a's exit: {status}")
+    may_leave["b"].set()
+    threads["b"].join(10)
+    if ended["b"] is not None:
+        problems.append(f"b's exit raised {ended['b']!r}")
+    if shared.status().held:
+        shared.sync_lock().force_release()
+        problems.append("the lock is still held after both left")
+    return problems
+
+
+def test_one_lock_object_shared_by_threads_gives_each_its_own_hold(counter_cache: Any) -> None:
+    """A module-level ``cache.fifo_lock()`` object used by many threads, as one
+    would use a ``threading.Lock``: each thread's exit releases its own lease,
+    also when the leases were forcibly released and granted again meanwhile."""
+    assert _two_threads_through_one_object(counter_cache) == []
+
+
+class _OneSlotLock(CacheFifoLock):
+    """MUTANT one-slot-per-object: the object keeps one hold, whoever entered
+    it last, so a thread's exit can release another thread's lease (the bug
+    before this test)."""
+
+    def __enter__(self) -> Lease:
+        hold = self.sync_lock().hold(self.timeout)
+        lease = hold.__enter__()
+        self._holds[None] = hold
+        return lease
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._holds.pop(None).__exit__(*exc)  # type: ignore[union-attr]
+
+
+def test_threads_sharing_one_object_kill_one_slot_per_object(
+    counter_cache: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lock_module, "CacheFifoLock", _OneSlotLock)
+    assert _two_threads_through_one_object(counter_cache), "one-slot-per-object passed"
+
+
+async def test_one_lock_object_shared_by_tasks_gives_each_its_own_hold(counter_cache: Any) -> None:
+    shared = counter_cache.fifo_lock("shared-tasks", timeout=20)
+    fences: list[int] = []
+
+    async def inside() -> None:
+        async with shared as lease:
+            fences.append(lease.fence)
+            await asyncio.sleep(0.05)
+
+    await asyncio.gather(inside(), inside(), inside())
+    assert len(fences) == 3 and fences == sorted(fences)
+    assert not (await shared.astatus()).held
 
 
 # --- connections ---------------------------------------------------------------------------
