@@ -171,6 +171,12 @@ class LoopClients:
     process: a forked child never uses its parent's connections. Each client
     is closed when its loop closes, and with it the Sentinel connections it
     was discovered through.
+
+    Each ``LoopClients`` has clients of its own, and a loop that never closes
+    (the portal's, an ASGI server's) keeps them open: make one per server and
+    share it, not one per lock. ``LockServer.server(url, **kwargs).clients()``
+    returns the process's shared one for a configuration, as ``SyncFifoLock``
+    does for a URL.
     """
 
     def __init__(

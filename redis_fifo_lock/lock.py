@@ -224,7 +224,8 @@ class FifoLock:
             ``RedisCluster`` client.
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
-            client or a ``LoopClients`` (a URL string among them).
+            client or a ``LoopClients`` (a URL string among them: the message
+            points to ``LockServer.server(url).clients()``).
 
     Instances are cheap and hold no ownership: they can be shared by many
     tasks, and made per call.
@@ -260,7 +261,8 @@ class FifoLock:
             raise TypeError(
                 f"FIFO lock {name!r}: redis_client must be a redis.asyncio client or a "
                 f"LoopClients, got {type(redis_client).__name__}; for a URL pass "
-                "LoopClients(url)"
+                "LockServer.server(url).clients(), the process's one LoopClients(url) for "
+                "that server"
             )
         self.settings = lock_settings(name, redis_client, settings, options)
         check_text_options(name, redis_client)

@@ -8,7 +8,8 @@ every rule about a topology is the core's (``LoopClients`` and its
 made, so a bad setting fails there, not at the first acquire).
 ``LockServer.clients()`` returns the process's ``LoopClients`` for it: the
 same object for equal servers, so a process holds at most one client per
-event loop per server.
+event loop per server. ``SyncFifoLock`` built from a URL takes its clients
+from here too.
 """
 
 from __future__ import annotations
@@ -209,6 +210,9 @@ class LockServer:
 
 
 _shared: dict[str, LoopClients] = {}
+"""The process's ``LoopClients``, one per distinct configuration (``key()``): it
+grows with the servers and options configured, never with locks or names. Its
+keys hold the options as given, secrets included; they are never shown."""
 _guard = threading.Lock()
 
 

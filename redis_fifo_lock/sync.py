@@ -21,6 +21,7 @@ from .lease import Lease, LockStatus
 from .lock import FifoLock, check_text_options, check_timeout, lock_settings
 from .portal import portal
 from .protocol import AsyncClient, LockKeys
+from .server import LockServer
 from .settings import LockOptions, LockSettings, check_name, check_namespace
 
 if TYPE_CHECKING:
@@ -32,7 +33,12 @@ class SyncFifoLock:
 
     Args:
         connection: a Redis URL (str) or a ``LoopClients`` to share connection
-            settings; the portal loop builds its own client from it.
+            settings; the portal loop builds its own client from it. Every lock
+            of the process built from an equal URL shares one ``LoopClients``
+            (``LockServer.server(url).clients()``), so making a lock per request
+            opens no new connection; a URL with other query options (timeouts,
+            TLS) gets its own. Pass a ``LoopClients`` for keyword-only options,
+            and make it once per server, not once per lock.
         name: the lock name (str), as for ``FifoLock``.
         settings, namespace: as for ``FifoLock`` (see ``LockSettings``).
         **options: the lock options ``lease_ms``, ``poll_ms``, ``max_hold_ms``,
@@ -68,7 +74,10 @@ class SyncFifoLock:
         if isinstance(connection, LoopClients):
             self.clients = connection
         elif isinstance(connection, str):
-            self.clients = LoopClients(check_url(connection, "connection"))
+            # The process's one LoopClients for this URL, not one per lock: the
+            # portal loop never closes, so a client of each lock's own would
+            # keep its connections open for good.
+            self.clients = LockServer.server(check_url(connection, "connection")).clients()
         else:
             raise TypeError(
                 f"FIFO lock {name!r}: connection must be a Redis URL (str) or a LoopClients, "

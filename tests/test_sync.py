@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import gc
 import multiprocessing
 import subprocess
 import sys
@@ -11,12 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
 from redis_fifo_lock.holds import violations
 from redis_fifo_lock.portal import portal
+from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.record import Record
 
@@ -229,3 +232,38 @@ print(sum(ref() is not None for ref in kept))
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0", "requests whose context outlived them"
+
+
+PER_LOOP_CONNECTIONS = 4
+"""Most connections one process's locks on one server may hold per event loop
+(the project's bound: 10,000 idle waiters in one process on at most 4)."""
+
+
+def server_connections(url: str) -> int:
+    """How many clients the server at ``url`` has, the probe asking left out."""
+    probe = redis.Redis.from_url(url)
+    try:
+        return len(probe.client_list()) - 1
+    finally:
+        probe.close()
+
+
+def test_sync_locks_built_from_one_url_share_the_portals_connections(
+    fresh_redis_server: PrivateRedisFactory,
+) -> None:
+    # A server of its own: no other test's portal client is connected to it.
+    url = fresh_redis_server().url
+    before = server_connections(url)
+    kept = []
+    for n in range(50):
+        lock = SyncFifoLock(url, f"per-request-{n % 3}", lease_ms=3000, poll_ms=1000)
+        with lock.hold(timeout=5):
+            pass
+        if n % 2:
+            kept.append(lock)  # half kept alive, half left to the garbage collector
+    gc.collect()
+    extra = server_connections(url) - before
+    assert extra <= PER_LOOP_CONNECTIONS, f"50 locks from one URL hold {extra} connections"
+    assert SyncFifoLock(url, "a").clients is SyncFifoLock(url, "b").clients
+    other = SyncFifoLock(f"{url}?socket_timeout=2", "a")
+    assert other.clients is not kept[0].clients, "other options need a client of their own"
