@@ -37,7 +37,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis_fifo_lock import LockServer
 
 from .connection import check_location, configured_server, lock_kwargs
-from .lock import FifoLockMixin
+from .lock import FifoLockMixin, cache_alias, options_setting
 
 SYNC_ONLY_OPTIONS = frozenset(
     {
@@ -60,7 +60,9 @@ def _class_name(value: object) -> str:
     return getattr(value, "__qualname__", type(value).__qualname__)
 
 
-def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockServer:
+def connection_settings(
+    location: str | list[str], options: dict[str, Any], setting: str = "OPTIONS"
+) -> LockServer:
     """Translate a built-in Redis cache's ``LOCATION`` and ``OPTIONS`` into the
     ``LockServer`` of one server.
 
@@ -70,6 +72,8 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
         options: the cache's ``OPTIONS`` dict: redis-py pool kwargs such as
             ``db``, ``username``, ``password``, ``socket_timeout`` (seconds),
             ``max_connections``, ``ssl_cert_reqs``.
+        setting: how messages spell ``options`` (str, default ``"OPTIONS"``;
+            the backend gives ``"CACHES['<alias>']['OPTIONS']"``).
 
     Returns:
         the first URL's server, with ``options`` less ``SYNC_ONLY_OPTIONS`` as
@@ -79,7 +83,9 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
 
     Raises:
         ImproperlyConfigured: for options the core's ``LockServer`` refuses
-            (TLS options it cannot follow...), an empty ``LOCATION``, a Sentinel
+            (TLS options it cannot follow...), a ``socket_timeout`` or
+            ``socket_connect_timeout`` that is no number of seconds above 0
+            (naming it: see ``connection.check_seconds``), an empty ``LOCATION``, a Sentinel
             ``pool_class`` or a ``FIFOLOCK_CLUSTER`` option: Django's backend
             supports neither Sentinel nor Redis Cluster (the message names
             the django-redis backend, which does).
@@ -103,7 +109,7 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
             "'fifolock_django.cache.RedisCache' (django-redis) with OPTIONS "
             "{'FIFOLOCK_CLUSTER': True}"
         )
-    kwargs = lock_kwargs(options, "OPTIONS", SYNC_ONLY_OPTIONS)
+    kwargs = lock_kwargs(options, setting, SYNC_ONLY_OPTIONS)
     return configured_server(LockServer.server, url, **kwargs)
 
 
@@ -125,6 +131,7 @@ class RedisCache(FifoLockMixin, BuiltinRedisCache):
         # Settings only (Django's own attributes for them are private and untyped).
         self.fifo_lock_location = server
         self.fifo_lock_options: dict[str, Any] = params.get("OPTIONS", {})
+        self.fifo_lock_setting = options_setting(cache_alias(server, params))
 
     def fifo_lock_connection(self) -> LockServer:
         """Where the locks connect (one server), from ``LOCATION`` and ``OPTIONS``.
@@ -132,4 +139,6 @@ class RedisCache(FifoLockMixin, BuiltinRedisCache):
         Raises:
             ImproperlyConfigured: see ``connection_settings``.
         """
-        return connection_settings(self.fifo_lock_location, self.fifo_lock_options)
+        return connection_settings(
+            self.fifo_lock_location, self.fifo_lock_options, self.fifo_lock_setting
+        )

@@ -55,8 +55,14 @@ from redis.cluster import RedisCluster
 from redis_fifo_lock import LockServer
 from redis_fifo_lock.connection import masked_url
 
-from .connection import check_location, configured_server, lock_kwargs
-from .lock import FifoLockMixin
+from .connection import (
+    check_location,
+    check_seconds,
+    check_timeouts,
+    configured_server,
+    lock_kwargs,
+)
+from .lock import FifoLockMixin, cache_alias, options_setting
 
 SYNC_ONLY_POOL_KWARGS = frozenset(
     {"connection_class", "parser_class", "retry", "redis_connect_func"}
@@ -145,17 +151,22 @@ def _uses_cluster(options: dict[str, Any]) -> bool:
     return flag
 
 
-def _base_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+def _base_kwargs(options: dict[str, Any], setting: str = "OPTIONS") -> dict[str, Any]:
     """The connection kwargs that ``OPTIONS`` gives every topology, with
     ``ssl=True`` when the pool's ``connection_class`` speaks TLS.
 
+    ``setting`` (str) is how messages spell ``OPTIONS``.
+
     Raises:
         ImproperlyConfigured: a ``connection_class`` that is no class (see
-            ``fifolock_django.connection.lock_kwargs``).
+            ``fifolock_django.connection.lock_kwargs``), or a ``SOCKET_TIMEOUT``,
+            ``SOCKET_CONNECT_TIMEOUT`` or pool ``socket_timeout``/
+            ``socket_connect_timeout`` that is no number of seconds above 0
+            (see ``fifolock_django.connection.check_seconds``).
     """
     kwargs = lock_kwargs(
         options.get("CONNECTION_POOL_KWARGS", {}),
-        "OPTIONS['CONNECTION_POOL_KWARGS']",
+        f"{setting}['CONNECTION_POOL_KWARGS']",
         SYNC_ONLY_POOL_KWARGS,
     )
     for option, kwarg in (
@@ -164,7 +175,9 @@ def _base_kwargs(options: dict[str, Any]) -> dict[str, Any]:
         ("SOCKET_TIMEOUT", "socket_timeout"),
         ("SOCKET_CONNECT_TIMEOUT", "socket_connect_timeout"),
     ):
-        if options.get(option):
+        if options.get(option):  # django-redis ignores a false value too
+            if kwarg.startswith("socket_"):
+                check_seconds(f"{setting}[{option!r}]", options[option])
             kwargs[kwarg] = options[option]
     return kwargs
 
@@ -191,9 +204,12 @@ def _url_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
-def _sentinel_connection(url: str, options: dict[str, Any], kwargs: dict[str, Any]) -> LockServer:
+def _sentinel_connection(
+    url: str, options: dict[str, Any], kwargs: dict[str, Any], setting: str = "OPTIONS"
+) -> LockServer:
     """The master of the service named by ``url``'s host, as django-redis's
-    ``SentinelConnectionFactory`` finds it (the URL's own values win)."""
+    ``SentinelConnectionFactory`` finds it (the URL's own values win).
+    ``setting`` (str) is how messages spell ``OPTIONS``."""
     sentinels: Any = options.get("SENTINELS")
     pairs = (
         isinstance(sentinels, (list, tuple))
@@ -204,6 +220,9 @@ def _sentinel_connection(url: str, options: dict[str, Any], kwargs: dict[str, An
         raise ImproperlyConfigured(
             f"OPTIONS['SENTINELS'] must list the sentinels as (host, port) pairs, got {sentinels!r}"
         )
+    sentinel_kwargs = options.get("SENTINEL_KWARGS")
+    if isinstance(sentinel_kwargs, dict):
+        check_timeouts(sentinel_kwargs, f"{setting}['SENTINEL_KWARGS']")
     service_name = urlsplit(url).hostname
     if not service_name:
         raise ImproperlyConfigured(
@@ -221,19 +240,23 @@ def _sentinel_connection(url: str, options: dict[str, Any], kwargs: dict[str, An
         LockServer.sentinel,
         sentinels,
         service_name,
-        sentinel_kwargs=options.get("SENTINEL_KWARGS"),
+        sentinel_kwargs=sentinel_kwargs,
         spell=lambda option: f"OPTIONS[{option.upper()!r}]",
         **{**kwargs, **from_url},
     )
 
 
-def connection_settings(location: str | list[str], options: dict[str, Any]) -> LockServer:
+def connection_settings(
+    location: str | list[str], options: dict[str, Any], setting: str = "OPTIONS"
+) -> LockServer:
     """Translate a django-redis ``LOCATION`` and ``OPTIONS`` into a ``LockServer``.
 
     Args:
         location: the cache's ``LOCATION``: a URL, several comma-separated, or a
             list of URLs.
         options: the cache's ``OPTIONS`` dict.
+        setting: how messages spell ``options`` (str, default ``"OPTIONS"``;
+            the backend gives ``"CACHES['<alias>']['OPTIONS']"``).
 
     Returns:
         - Sentinel (the connection factory, from ``OPTIONS['CONNECTION_FACTORY']``
@@ -251,18 +274,20 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
 
     Raises:
         ImproperlyConfigured: naming the setting, for an empty ``LOCATION``; a
-            Sentinel set-up without ``SENTINELS``, with a replica URL first,
-            or asked for by ``OPTIONS`` without the Sentinel factory (which
-            django-redis cannot use either); Sentinel and cluster together; or
-            anything the core's ``LockServer`` refuses (a cluster URL with a
-            database other than 0, options a cluster client does not take, TLS
-            options redis-py cannot follow...), which is the ``__cause__``.
+            socket timeout that is no number of seconds above 0 (see
+            ``connection.check_seconds``); a Sentinel set-up without
+            ``SENTINELS``, with a replica URL first, or asked for by ``OPTIONS``
+            without the Sentinel factory (which django-redis cannot use either);
+            Sentinel and cluster together; or anything the core's
+            ``LockServer`` refuses (a cluster URL with a database other than 0,
+            options a cluster client does not take, TLS options redis-py cannot
+            follow...), which is the ``__cause__``.
     """
     servers = location.split(",") if isinstance(location, str) else list(location)
     urls = [server.strip() for server in servers if server.strip()]
     if not urls:
         raise ImproperlyConfigured("a cache with fifo_lock() needs a Redis URL in LOCATION")
-    kwargs = _base_kwargs(options)
+    kwargs = _base_kwargs(options, setting)
     sentinel = _uses_sentinel(options)
     cluster = _uses_cluster(options)
     if sentinel and cluster:
@@ -271,7 +296,7 @@ def connection_settings(location: str | list[str], options: dict[str, Any]) -> L
             "(or REDIS_CLIENT_CLASS) or the Sentinel connection factory"
         )
     if sentinel:
-        return _sentinel_connection(urls[0], options, kwargs)
+        return _sentinel_connection(urls[0], options, kwargs, setting)
     if cluster:
         return configured_server(LockServer.cluster, urls, **kwargs)
     return configured_server(LockServer.server, urls[0], **kwargs)
@@ -296,6 +321,7 @@ class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # djan
         check_location(server)
         # mypy sees BaseCache's __init__(params) here: django-redis is untyped.
         super().__init__(server, params)  # type: ignore[call-arg, arg-type]
+        self.fifo_lock_setting = options_setting(cache_alias(server, params))
 
     def fifo_lock_connection(self) -> LockServer:
         """Where the locks connect, from ``LOCATION`` and ``OPTIONS``.
@@ -303,4 +329,6 @@ class RedisCache(FifoLockMixin, DjangoRedisCache):  # type: ignore[misc]  # djan
         Raises:
             ImproperlyConfigured: see ``connection_settings``.
         """
-        return connection_settings(self._server, self._params.get("OPTIONS", {}))
+        return connection_settings(
+            self._server, self._params.get("OPTIONS", {}), self.fifo_lock_setting
+        )

@@ -11,7 +11,9 @@ Registered under the ``caches`` tag when ``"fifolock_django"`` is in
 - ``fifolock.E004`` a cache with ``fifo_lock()`` cannot make locks (a
   ``KEY_PREFIX`` with ``{`` or ``}``, Sentinel options without ``SENTINELS``
   or without django-redis's Sentinel connection factory, a Redis Cluster URL
-  with a database other than 0, Sentinel on Django's built-in backend...).
+  with a database other than 0, Sentinel on Django's built-in backend, a
+  ``SOCKET_TIMEOUT``/``socket_timeout``/``socket_connect_timeout`` that is no
+  number of seconds above 0...).
 - ``fifolock.E007`` ``FIFOLOCK['REPLICAS']`` is above 0 and a cache with
   ``fifo_lock()`` keeps its locks on a Redis Cluster, which cannot wait for
   replicas.

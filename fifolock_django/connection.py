@@ -9,6 +9,7 @@ here reads Django settings.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,10 @@ from redis.connection import AbstractConnection, SSLConnection
 
 from redis_fifo_lock import LockServer
 from redis_fifo_lock.connection import check_url
+from redis_fifo_lock.settings import shown_value
+
+TIMEOUT_KWARGS = ("socket_timeout", "socket_connect_timeout")
+"""redis-py connection kwargs in seconds that ``check_seconds`` checks."""
 
 
 def check_location(location: object) -> None:
@@ -71,6 +76,48 @@ def speaks_tls(setting: str, connection_class: object) -> bool:
     )
 
 
+def check_seconds(setting: str, value: object) -> None:
+    """Check a socket timeout of a cache's settings (``SOCKET_TIMEOUT``,
+    ``socket_timeout``, ``socket_connect_timeout``...) before the lock uses it.
+
+    redis-py takes any value and fails only when it connects (a ``str`` raises
+    a bare ``TypeError`` there; a negative, NaN or infinite one makes every
+    call fail), so the lock checks it first.
+
+    Args:
+        setting: how the user spells it, for the message (e.g.
+            ``"CACHES['default']['OPTIONS']['SOCKET_TIMEOUT']"``).
+        value: the configured value: None (no timeout) or seconds, an int or
+            float above 0 and finite.
+
+    Raises:
+        ImproperlyConfigured: naming ``setting``, for any other value (a str,
+            a bool, 0 or less, NaN, infinity). A str is shown cut short.
+    """
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+        return
+    raise ImproperlyConfigured(
+        f"{setting} must be a number of seconds above 0 (an int or float, or None for no "
+        f"timeout), got {type(value).__name__} {shown_value(value)}; fix it in the cache's "
+        "CACHES entry"
+    )
+
+
+def check_timeouts(kwargs: Mapping[str, Any], setting: str) -> None:
+    """``check_seconds`` each of ``TIMEOUT_KWARGS`` in ``kwargs`` (redis-py
+    connection kwargs that ``setting`` spells, e.g. ``"OPTIONS"``).
+
+    Raises:
+        ImproperlyConfigured: naming ``setting[key]``, see ``check_seconds``.
+    """
+    for key in TIMEOUT_KWARGS:
+        if key in kwargs:
+            check_seconds(f"{setting}[{key!r}]", kwargs[key])
+
+
 def lock_kwargs(
     options: Mapping[str, Any], setting: str, sync_only: frozenset[str]
 ) -> dict[str, Any]:
@@ -89,8 +136,11 @@ def lock_kwargs(
 
     Raises:
         ImproperlyConfigured: naming ``setting``, for a ``connection_class``
-            that is not a class.
+            that is not a class, or a ``socket_timeout`` or
+            ``socket_connect_timeout`` that is no number of seconds above 0
+            (see ``check_seconds``).
     """
+    check_timeouts(options, setting)
     kwargs = {key: value for key, value in options.items() if key not in sync_only}
     if "connection_class" in options and speaks_tls(setting, options["connection_class"]):
         kwargs["ssl"] = True

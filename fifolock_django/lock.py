@@ -25,6 +25,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from django.conf import settings as django_settings
 from django.core.cache import InvalidCacheBackendError, caches
 from django.core.cache.backends.base import BaseCache
 from django.core.exceptions import ImproperlyConfigured
@@ -63,6 +64,29 @@ def suggested_backend(backend: str) -> str:
     if backend in LOCK_BACKENDS:
         return repr(LOCK_BACKENDS[backend])
     return " or ".join(f"{ours!r} (for {theirs})" for theirs, ours in LOCK_BACKENDS.items())
+
+
+def cache_alias(location: object, params: Mapping[str, Any]) -> str | None:
+    """The alias in ``settings.CACHES`` of the entry a backend was built from, for
+    messages: the one whose ``LOCATION`` is ``location`` and whose other keys
+    (less ``BACKEND``) are ``params``, as Django's cache handler splits it.
+
+    Returns:
+        the alias (str), or None when no entry or several match (a backend
+        built by hand, or two identical entries).
+    """
+    found = []
+    for alias, config in django_settings.CACHES.items():
+        rest = {key: value for key, value in config.items() if key not in ("BACKEND", "LOCATION")}
+        if config.get("LOCATION", "") == location and rest == params:
+            found.append(alias)
+    return found[0] if len(found) == 1 else None
+
+
+def options_setting(alias: str | None) -> str:
+    """How messages spell the ``OPTIONS`` of the cache ``alias`` (str, or None
+    when unknown): ``CACHES['default']['OPTIONS']``, or just ``OPTIONS``."""
+    return "OPTIONS" if alias is None else f"CACHES[{alias!r}]['OPTIONS']"
 
 
 def _no_running_loop(name: str, what: str) -> None:

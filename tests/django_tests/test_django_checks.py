@@ -200,3 +200,28 @@ def test_manage_py_check_deploy_fails_on_an_evicting_server(
         call_command("check", tags=["caches"])
         with pytest.raises(SystemCheckError, match=r"fifolock\.E005"):
             call_command("check", "--deploy", tags=["caches"])
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "option"),
+    [
+        ("django-redis", {"SOCKET_TIMEOUT": "5"}, "['OPTIONS']['SOCKET_TIMEOUT']"),
+        (
+            "django-redis",
+            {"CONNECTION_POOL_KWARGS": {"socket_timeout": "abc"}},
+            "['OPTIONS']['CONNECTION_POOL_KWARGS']['socket_timeout']",
+        ),
+        ("builtin", {"socket_timeout": "5"}, "['OPTIONS']['socket_timeout']"),
+        ("builtin", {"socket_connect_timeout": -1}, "['OPTIONS']['socket_connect_timeout']"),
+    ],
+)
+def test_a_socket_timeout_that_is_no_number_of_seconds_fails_the_checks(
+    redis_url: str, backend: str, options: dict[str, Any], option: str
+) -> None:
+    with override_settings(CACHES=lock_caches(redis_url, backend, **options)):
+        [message] = fifolock_messages()
+        with pytest.raises(SystemCheckError, match=r"fifolock\.E004"):
+            call_command("check", tags=["caches"])
+    assert message.id == "fifolock.E004"
+    assert isinstance(message, Error)
+    assert f"CACHES['default']{option}" in message.msg

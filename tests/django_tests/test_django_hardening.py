@@ -113,3 +113,66 @@ def test_supported_locations_still_build(backend: str, redis_url: str, redis: Re
     ):
         with override_settings(CACHES=caches_with(location, backend)):
             assert caches["default"] is not None
+
+
+BAD_TIMEOUTS = [
+    # (backend, OPTIONS, the option as the message spells it)
+    ("django-redis", {"SOCKET_TIMEOUT": "5"}, "['OPTIONS']['SOCKET_TIMEOUT']"),
+    ("django-redis", {"SOCKET_CONNECT_TIMEOUT": -1}, "['OPTIONS']['SOCKET_CONNECT_TIMEOUT']"),
+    (
+        "django-redis",
+        {"CONNECTION_POOL_KWARGS": {"socket_timeout": "abc"}},
+        "['OPTIONS']['CONNECTION_POOL_KWARGS']['socket_timeout']",
+    ),
+    (
+        "django-redis",
+        {
+            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            "SENTINELS": [("s1.example", 26379)],
+            "SENTINEL_KWARGS": {"socket_connect_timeout": "2"},
+        },
+        "['OPTIONS']['SENTINEL_KWARGS']['socket_connect_timeout']",
+    ),
+    ("builtin", {"socket_timeout": "5"}, "['OPTIONS']['socket_timeout']"),
+    ("builtin", {"socket_timeout": float("nan")}, "['OPTIONS']['socket_timeout']"),
+    ("builtin", {"socket_timeout": 1e400}, "['OPTIONS']['socket_timeout']"),
+    ("builtin", {"socket_timeout": -1}, "['OPTIONS']['socket_timeout']"),
+    ("builtin", {"socket_timeout": 0}, "['OPTIONS']['socket_timeout']"),
+    ("builtin", {"socket_timeout": True}, "['OPTIONS']['socket_timeout']"),
+    ("builtin", {"socket_connect_timeout": "1"}, "['OPTIONS']['socket_connect_timeout']"),
+]
+
+
+@pytest.mark.parametrize(("backend", "options", "option"), BAD_TIMEOUTS)
+def test_a_socket_timeout_that_is_no_positive_number_is_refused_naming_alias_and_option(
+    backend: str, options: dict[str, Any], option: str
+) -> None:
+    # Nothing listens on redis://unused: the refusal comes before anything is sent.
+    if backend == "django-redis":
+        options = {**options, "PASSWORD": SECRET}
+    else:
+        options = {**options, "password": SECRET}
+    setting = caches_with(f"redis://:{SECRET}@unused:6379/0", backend, **options)
+    with override_settings(CACHES=setting):
+        cache: Any = caches["default"]
+        with pytest.raises(ImproperlyConfigured) as caught:
+            cache.fifo_lock("x", timeout=2)
+    message = str(caught.value)
+    assert f"CACHES['default']{option}" in message, message
+    assert "seconds" in message, message
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("django-redis", {"SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 0.5}),
+        ("django-redis", {"CONNECTION_POOL_KWARGS": {"socket_timeout": None}}),
+        ("builtin", {"socket_timeout": 2, "socket_connect_timeout": 1.5}),
+        ("builtin", {"socket_timeout": None}),
+    ],
+)
+def test_socket_timeouts_in_seconds_still_make_locks(backend: str, options: dict[str, Any]) -> None:
+    with override_settings(CACHES=caches_with("redis://unused:6379/0", backend, **options)):
+        assert caches["default"].fifo_lock("x", timeout=2) is not None  # type: ignore[attr-defined]
