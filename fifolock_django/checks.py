@@ -29,9 +29,13 @@ master found through the sentinels for a Sentinel cache, and every primary
 for a Redis Cluster:
 
 - ``fifolock.E005`` the server's ``maxmemory-policy`` can evict lock keys.
-- ``fifolock.E006`` the server cannot be reached (or refuses the credentials).
-- ``fifolock.W001`` the server refuses ``CONFIG GET`` (common on managed
-  services), so its eviction policy is unknown.
+- ``fifolock.E006`` the server cannot be reached, or cannot be used: it
+  refuses the credentials, or answers with another error than a refusal of
+  ``CONFIG GET`` (such as ``DB index is out of range`` for a database it does
+  not have), which every lock would meet too.
+- ``fifolock.W001`` the server refuses ``CONFIG GET`` (``NOPERM``, or the
+  command renamed or disabled, as is common on managed services), so its
+  eviction policy is unknown.
 """
 
 from __future__ import annotations
@@ -46,7 +50,12 @@ from django.core.cache import caches
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from redis_fifo_lock import LockUsageError, LoopClients
 from redis_fifo_lock.eviction import EVICTING_POLICIES
@@ -226,6 +235,22 @@ def check_celery_shares_the_locks(
     ]
 
 
+CONFIG_REFUSALS = ("NOPERM", "no permissions", "unknown command", "unknown subcommand")
+"""Words of a Redis error reply (matched without case) that mean ``CONFIG GET``
+itself is refused: an ACL, or the command renamed or disabled."""
+
+
+def refuses_config_get(exc: ResponseError) -> bool:
+    """Whether ``exc`` (an error reply to ``eviction_policies``) is the server
+    refusing ``CONFIG GET`` (see ``CONFIG_REFUSALS``), rather than an error
+    every lock would meet too (``DB index is out of range`` when the connection
+    selects its database, a wrong type of server...)."""
+    if isinstance(exc, NoPermissionError):
+        return True
+    text = str(exc).lower()
+    return any(words.lower() in text for words in CONFIG_REFUSALS)
+
+
 def eviction_policies(clients: LoopClients, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> set[str]:
     """The ``maxmemory-policy`` values (str) of the server(s) behind ``clients``.
 
@@ -256,8 +281,9 @@ def check_lock_servers(
     app_configs: Sequence[AppConfig] | None, **kwargs: Any
 ) -> list[CheckMessage]:
     """``--deploy`` only: ``fifolock.E006`` when a lock cache's server cannot be
-    reached, ``E005`` when its eviction policy can evict lock keys, ``W001``
-    when the policy cannot be read."""
+    reached or used (any error but a refusal of ``CONFIG GET``, see
+    ``refuses_config_get``), ``E005`` when its eviction policy can evict lock
+    keys, ``W001`` when the server refuses ``CONFIG GET``."""
     messages: list[CheckMessage] = []
     for alias, cache in _lock_caches():
         if not isinstance(cache, FifoLockMixin):
@@ -271,6 +297,19 @@ def check_lock_servers(
         try:
             policies = eviction_policies(clients)
         except ResponseError as exc:
+            if not refuses_config_get(exc):
+                messages.append(
+                    Error(
+                        f"{where} cannot be used: it answers the error {str(exc).rstrip('.')!r}.",
+                        hint=(
+                            f"Check CACHES[{alias!r}]['LOCATION'] and ['OPTIONS'] (database "
+                            "number, credentials, TLS) against the server's configuration; "
+                            "until it can be used, every FIFO lock raises RedisUnavailable."
+                        ),
+                        id="fifolock.E006",
+                    )
+                )
+                continue
             messages.append(
                 Warning(
                     f"{where} refuses CONFIG GET maxmemory-policy ({exc}), so it is unknown "

@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 from django_app import settings as project
+from redis import Redis
 
 from redis_fifo_lock.testing import PrivateRedisFactory
 
@@ -225,3 +226,41 @@ def test_a_socket_timeout_that_is_no_number_of_seconds_fails_the_checks(
     assert message.id == "fifolock.E004"
     assert isinstance(message, Error)
     assert f"CACHES['default']{option}" in message.msg
+
+
+@pytest.mark.parametrize("backend", project.BACKENDS)
+def test_deploy_reports_a_database_the_server_does_not_have_as_unusable(
+    fresh_redis_server: PrivateRedisFactory, backend: str
+) -> None:
+    server = fresh_redis_server([])  # 16 databases: 0 to 15
+    location = f"redis://{server.host}:{server.port}/99"
+    with override_settings(CACHES=lock_caches(location, backend)):
+        [message] = fifolock_messages(deploy=True)
+        with pytest.raises(SystemCheckError, match=r"fifolock\.E006"):
+            call_command("check", "--deploy", tags=["caches"])
+    assert isinstance(message, Error)
+    assert message.id == "fifolock.E006"
+    assert message.msg.startswith(f"The Redis server of cache 'default' ({location}) ")
+    assert "DB index is out of range" in message.msg
+    assert "CONFIG GET" not in message.msg
+
+
+def test_deploy_still_warns_when_an_acl_refuses_config_get(
+    fresh_redis_server: PrivateRedisFactory,
+) -> None:
+    server = fresh_redis_server([])
+    with Redis.from_url(server.url) as admin:
+        admin.acl_setuser(
+            "locker",
+            enabled=True,
+            passwords=["+pw"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all", "-config"],
+        )
+    location = f"redis://locker:pw@{server.host}:{server.port}/0"
+    with override_settings(CACHES=lock_caches(location)):
+        [message] = fifolock_messages(deploy=True)
+    assert isinstance(message, Warning)
+    assert message.id == "fifolock.W001"
+    assert "pw@" not in message.msg
