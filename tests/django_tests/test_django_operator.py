@@ -185,3 +185,35 @@ def test_redis_down_is_a_one_line_command_error_saying_what_to_check(
     assert err.startswith("CommandError: ")
     assert "check that the server is reachable" in err or "check that the server is running" in err
     assert dead.rsplit("/", 1)[0].removeprefix("redis://") in err
+
+
+BAD_NAMES = ["{x}", "esc\x1bape", "", "n" * 3000]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=["braces", "escape", "empty", "3000-bytes"])
+@pytest.mark.parametrize(
+    "action",
+    [("status",), ("release", "--force"), ("run",)],
+    ids=lambda action: action[0],
+)
+def test_a_bad_lock_name_is_a_short_command_error(
+    counter_cache: Any, action: tuple[str, ...], name: str
+) -> None:
+    tail = ("--", "check") if action[0] == "run" else ()
+    with pytest.raises(CommandError, match="lock name") as caught:
+        call_command("fifolock", *action, name, *tail)
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert len(message) < 600, message
+
+
+@pytest.mark.parametrize("action", [("list",), ("status", "x")], ids=["list", "status"])
+@pytest.mark.parametrize("alias", ["nope", "a" * 3000])
+def test_an_unknown_cache_alias_is_a_short_command_error(
+    counter_cache: Any, action: tuple[str, ...], alias: str
+) -> None:
+    with pytest.raises(CommandError, match="--cache") as caught:
+        call_command("fifolock", *action, "--cache", alias)
+    message = str(caught.value)
+    assert "'default'" in message  # the aliases there are
+    assert len(message) < 600, message

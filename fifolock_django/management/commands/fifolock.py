@@ -39,7 +39,9 @@ Django's common options (``--settings``, ``--pythonpath``, ``-v``/
 ``--verbosity``, ``--traceback``, ``--no-color``, ``--force-color``) are
 accepted before or after the subcommand. A Redis that cannot be reached, or
 refuses a command, ends the command with a one-line ``CommandError`` saying
-what to check (the traceback only with ``--traceback``).
+what to check (the traceback only with ``--traceback``); so do an invalid lock
+name, a ``--cache`` that is not in ``CACHES`` and a cache the lock cannot use
+(at most ``MAX_MESSAGE_CHARS`` characters: a long name is cut short).
 """
 
 from __future__ import annotations
@@ -51,12 +53,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from redis_fifo_lock import LockError, LockStatus, LockTimeout, LockUsageError, describing
 from redis_fifo_lock.inventory import lock_names_sync
+from redis_fifo_lock.settings import shown_value
 
 from ...commands import LockedHandle, add_lock_arguments, busy_message, lock_timeout_option
 from ...conf import fifolock_settings
@@ -64,6 +69,9 @@ from ...lock import CacheFifoLock, FifoLockMixin, SupportsFifoLock, lock_cache, 
 
 NO_SUCH_LOCK = "no such lock (never used, or expired)"
 """What ``status`` says of a name Redis has no key of."""
+
+MAX_MESSAGE_CHARS = 500
+"""The most characters of a bad-input ``CommandError`` (longer ones are cut)."""
 
 
 def _common_options(parser: CommandParser) -> None:
@@ -132,6 +140,41 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _short(text: str) -> str:
+    """``text`` on one line, cut to ``MAX_MESSAGE_CHARS`` characters."""
+    line = _one_line(text)
+    if len(line) <= MAX_MESSAGE_CHARS:
+        return line
+    return line[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+@contextmanager
+def input_errors(action: str) -> Iterator[None]:
+    """Turn the refusal of a bad lock name (``ValueError``) or of the cache's
+    settings (``ImproperlyConfigured``) in the block into a one-line
+    ``CommandError`` of at most ``MAX_MESSAGE_CHARS`` characters, naming
+    ``fifolock <action>`` (the core's messages already cut a long name)."""
+    try:
+        yield
+    except ValueError as exc:
+        raise CommandError(_short(f"fifolock {action}: invalid lock name: {exc}")) from exc
+    except ImproperlyConfigured as exc:
+        raise CommandError(_short(f"fifolock {action}: {exc}")) from exc
+
+
+def _check_alias(action: str, alias: str | None) -> None:
+    """Refuse a ``--cache`` that is not an alias in ``CACHES``.
+
+    Raises:
+        CommandError: naming the alias (cut short) and the aliases there are.
+    """
+    if alias is not None and alias not in settings.CACHES:
+        raise CommandError(
+            f"fifolock {action}: --cache {shown_value(alias)} is not an alias in CACHES; "
+            f"use one of {sorted(settings.CACHES)}"[:MAX_MESSAGE_CHARS]
+        )
+
+
 class Command(BaseCommand):
     """``fifolock list``, ``status NAME``, ``release --force NAME`` and ``run NAME --
     COMMAND [ARGS...]``."""
@@ -193,19 +236,26 @@ class Command(BaseCommand):
 
         Raises:
             CommandError: unknown COMMAND, the lock could not be had in time,
-                ``release`` without ``--force``, or Redis failed (one line).
+                ``release`` without ``--force``, or Redis failed (one line);
+                a ``--cache`` that is not in ``CACHES``, a cache the lock
+                cannot use, or an invalid lock name (one line of at most
+                ``MAX_MESSAGE_CHARS`` characters, a long name cut short).
         """
-        cache = lock_cache(options["cache"])
-        where = _where(cache, options["cache"])
-        if options["action"] == "list":
+        action = options["action"]
+        _check_alias(action, options["cache"])
+        with input_errors(action):
+            cache = lock_cache(options["cache"])
+            where = _where(cache, options["cache"])
+        if action == "list":
             with redis_errors(where):
                 self.list_locks(cache, options)
             return
-        lock = cache.fifo_lock(
-            options["name"],
-            lock_timeout_option(options, None),
-            version=options["key_version"],
-        )
+        with input_errors(action):
+            lock = cache.fifo_lock(
+                options["name"],
+                lock_timeout_option(options, None),
+                version=options["key_version"],
+            )
         if options["action"] == "status":
             with redis_errors(where):
                 self.status(lock, options)
