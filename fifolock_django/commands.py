@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, TypeVar, cast
@@ -30,6 +31,9 @@ from redis_fifo_lock.settings import check_name
 from .lock import CacheFifoLock, lock_cache
 
 Handle = TypeVar("Handle", bound=Callable[..., Any])
+
+ADDED = "fifolock_lock_arguments"
+"""Attribute ``add_lock_arguments`` sets on a parser it has extended."""
 
 
 def fifo_locked_command(
@@ -77,8 +81,12 @@ def add_lock_arguments(parser: CommandParser, default_timeout: float | None) -> 
     They are mutually exclusive, and land in the options as ``lock_timeout``
     (None when not given) and ``no_wait`` (bool); ``lock_timeout_option`` turns
     them into a timeout. ``default_timeout`` (seconds, None for no limit) is
-    only shown in the help.
+    only shown in the help. A parser gets them once: a second call on the
+    same parser does nothing.
     """
+    if getattr(parser, ADDED, False):
+        return
+    setattr(parser, ADDED, True)
     group = parser.add_mutually_exclusive_group()
     shown = "wait as long as it takes" if default_timeout is None else f"{default_timeout:g} s"
     group.add_argument(
@@ -110,6 +118,9 @@ class LockedHandle:
     ``__set_name__`` - Python's hook called when the class body that defines
     ``handle`` is turned into a class - extends that class's ``add_arguments``
     with ``add_lock_arguments``, so the one decorator is all a command needs.
+    In a class hierarchy with several decorated ``handle`` methods whose
+    ``add_arguments`` call ``super()``, the options are added once, their help
+    showing the timeout of the ``handle`` the command runs.
     """
 
     def __init__(
@@ -132,7 +143,9 @@ class LockedHandle:
 
         def add_arguments(command: BaseCommand, parser: CommandParser) -> None:
             declared(command, parser)
-            add_lock_arguments(parser, default_timeout)
+            runs = inspect.getattr_static(type(command), "handle", None)
+            shown = runs.timeout if isinstance(runs, LockedHandle) else default_timeout
+            add_lock_arguments(parser, shown)
 
         functools.update_wrapper(add_arguments, declared)
         setattr(owner, "add_arguments", add_arguments)  # noqa: B010 - mypy: method-assign

@@ -120,6 +120,34 @@ def test_the_decorator_adds_lock_options_next_to_the_command_s_own() -> None:
         parser.parse_args(["--no-wait", "--lock-timeout", "1"])
 
 
+def test_a_locked_command_subclassing_a_locked_command_gets_the_lock_options_once() -> None:
+    class Base(BaseCommand):
+        def add_arguments(self, parser: Any) -> None:
+            parser.add_argument("--base")
+
+        @fifo_locked_command("x", timeout=2.5)
+        def handle(self, *args: Any, **options: Any) -> None:
+            pass
+
+    class Sub(Base):
+        def add_arguments(self, parser: Any) -> None:
+            super().add_arguments(parser)
+            parser.add_argument("--sub")
+
+        @fifo_locked_command("y", timeout=7)
+        def handle(self, *args: Any, **options: Any) -> None:
+            pass
+
+    parser = Sub().create_parser("manage.py", "job")
+    options = vars(parser.parse_args(["--base", "1", "--sub", "2", "--lock-timeout", "4"]))
+    assert (options["base"], options["sub"], options["lock_timeout"]) == ("1", "2", 4.0)
+    shown = " ".join(parser.format_help().split())
+    assert shown.count("seconds to wait for the command's FIFO lock") == 1
+    assert "default: 7 s" in shown  # the subclass's own lock
+    base = vars(Base().create_parser("manage.py", "job").parse_args(["--no-wait"]))
+    assert base["no_wait"] is True
+
+
 # --- manage.py fifolock --------------------------------------------------------------------
 
 
