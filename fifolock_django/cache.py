@@ -153,7 +153,11 @@ def _uses_cluster(options: dict[str, Any]) -> bool:
 
 def _base_kwargs(options: dict[str, Any], setting: str = "OPTIONS") -> dict[str, Any]:
     """The connection kwargs that ``OPTIONS`` gives every topology, with
-    ``ssl=True`` when the pool's ``connection_class`` speaks TLS.
+    ``ssl=True`` when the pool's ``connection_class`` speaks TLS. As in
+    django-redis, a ``CONNECTION_POOL_KWARGS`` value wins over ``USERNAME``,
+    ``PASSWORD`` and the socket timeouts of ``OPTIONS`` (which fill in for a
+    value the pool's kwargs leave out or set to None), so the lock logs in
+    as the cache does.
 
     ``setting`` (str) is how messages spell ``OPTIONS``.
 
@@ -178,7 +182,8 @@ def _base_kwargs(options: dict[str, Any], setting: str = "OPTIONS") -> dict[str,
         if options.get(option):  # django-redis ignores a false value too
             if kwarg.startswith("socket_"):
                 check_seconds(f"{setting}[{option!r}]", options[option])
-            kwargs[kwarg] = options[option]
+            if kwargs.get(kwarg) is None:
+                kwargs[kwarg] = options[option]
     return kwargs
 
 

@@ -541,6 +541,35 @@ async def test_the_lock_uses_the_credentials_in_options(
         check.close()
 
 
+@pytest.mark.parametrize(
+    ("options_password", "pool_password"), [("wrong", "s3cret"), ("s3cret", "wrong")]
+)
+def test_the_lock_logs_in_with_the_password_the_django_redis_cache_uses(
+    fresh_redis_server: PrivateRedisFactory, options_password: str, pool_password: str
+) -> None:
+    """django-redis lets ``CONNECTION_POOL_KWARGS`` win over ``PASSWORD``: the
+    lock must reach the server exactly when the cache does."""
+    server = fresh_redis_server(["--requirepass", "s3cret"])
+    caches_setting = project.caches_for(server.url, "django-redis")
+    caches_setting["default"]["OPTIONS"] = {
+        "PASSWORD": options_password,
+        "CONNECTION_POOL_KWARGS": {"password": pool_password},
+    }
+    with override_settings(CACHES=caches_setting):
+        cache_works = True
+        try:
+            caches["default"].get("anything")
+        except Exception:
+            cache_works = False
+        lock_works = True
+        try:
+            with caches["default"].fifo_lock("reports", timeout=5):
+                pass
+        except RedisUnavailable:
+            lock_works = False
+    assert (cache_works, lock_works) == (pool_password == "s3cret",) * 2
+
+
 def test_lock_cache_names_the_setting_to_fix_for_a_cache_without_fifo_lock() -> None:
     locmem = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     assert isinstance(lock_cache(), SupportsFifoLock)
