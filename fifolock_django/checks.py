@@ -50,15 +50,10 @@ from django.core.cache import caches
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
-from redis.exceptions import (
-    NoPermissionError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-)
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from redis_fifo_lock import LockUsageError, LoopClients
-from redis_fifo_lock.eviction import EVICTING_POLICIES
+from redis_fifo_lock.eviction import EVICTING_POLICIES, refuses_config_get
 from redis_fifo_lock.eviction import eviction_policies as eviction_policies_of
 from redis_fifo_lock.portal import portal
 
@@ -233,22 +228,6 @@ def check_celery_shares_the_locks(
             id="fifolock.E008",
         )
     ]
-
-
-CONFIG_REFUSALS = ("NOPERM", "no permissions", "unknown command", "unknown subcommand")
-"""Words of a Redis error reply (matched without case) that mean ``CONFIG GET``
-itself is refused: an ACL, or the command renamed or disabled."""
-
-
-def refuses_config_get(exc: ResponseError) -> bool:
-    """Whether ``exc`` (an error reply to ``eviction_policies``) is the server
-    refusing ``CONFIG GET`` (see ``CONFIG_REFUSALS``), rather than an error
-    every lock would meet too (``DB index is out of range`` when the connection
-    selects its database, a wrong type of server...)."""
-    if isinstance(exc, NoPermissionError):
-        return True
-    text = str(exc).lower()
-    return any(words.lower() in text for words in CONFIG_REFUSALS)
 
 
 def eviction_policies(clients: LoopClients, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> set[str]:

@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from .protocol import AsyncClient
 
@@ -38,6 +43,10 @@ EVICTING_POLICIES = ("allkeys-", "volatile-")
 
 RECHECK_S = 300.0
 """Seconds after which the next use of a lock asks the server for its policy again."""
+
+CONFIG_REFUSALS = ("NOPERM", "no permissions", "unknown command", "unknown subcommand")
+"""Words of a Redis error reply (matched without case) that mean ``CONFIG GET``
+itself is refused: an ACL, or the command renamed or disabled."""
 
 MAX_NAMED_LOCKS = 100
 """Most locks named in warnings per server and check interval; beyond it, one
@@ -108,6 +117,12 @@ async def check_eviction_policy(
     try:
         policies = await (eviction_policies(client) if ask is None else ask())
     except ResponseError as exc:
+        if not refuses_config_get(exc):
+            # An error every call meets (a database the server lacks): the
+            # lock's own calls raise it; the next use asks again.
+            with _guard:
+                state.checked_at = previous
+            return
         with _guard:
             state.known, state.evicting, state.pending = True, (), set()
             report = not state.denied_reported
@@ -132,6 +147,17 @@ async def check_eviction_policy(
         waiting, state.pending = state.pending, set()
         for pending in sorted(waiting):
             _name(state, pending, client)
+
+
+def refuses_config_get(exc: ResponseError) -> bool:
+    """Whether ``exc`` (an error reply to ``eviction_policies``) is the server
+    refusing ``CONFIG GET`` (see ``CONFIG_REFUSALS``), rather than an error
+    every lock would meet too (``DB index is out of range`` when the connection
+    selects its database, a wrong type of server...)."""
+    if isinstance(exc, NoPermissionError):
+        return True
+    text = str(exc).lower()
+    return any(words.lower() in text for words in CONFIG_REFUSALS)
 
 
 def _remember(names: set[str], name: str) -> None:

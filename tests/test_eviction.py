@@ -9,7 +9,7 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from redis_fifo_lock import FifoLock
+from redis_fifo_lock import FifoLock, RedisUnavailable
 from redis_fifo_lock.testing import PrivateRedisFactory
 
 FAST = {"lease_ms": 600, "poll_ms": 100}
@@ -93,3 +93,18 @@ async def test_a_denied_config_get_is_one_warning_per_server(
     message = about[0].getMessage()
     assert "CONFIG GET" in message and "could not be checked" in message
     assert "locker-pw" not in message
+
+
+async def test_a_database_the_server_lacks_is_not_taken_for_a_refused_config_get(
+    fresh_redis_server: PrivateRedisFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call fails there ("DB index is out of range", when the connection
+    selects its database): the lock raises that, and says nothing about
+    CONFIG GET being refused, which it is not."""
+    server = fresh_redis_server()
+    client = Redis.from_url(server.url.rsplit("/", 1)[0] + "/99")
+    with caplog.at_level(logging.DEBUG, "redis_fifo_lock"), pytest.raises(RedisUnavailable):
+        await use(client, "nowhere")
+    await client.aclose()
+
+    assert not [r for r in caplog.records if "CONFIG GET" in r.getMessage()]
