@@ -9,7 +9,6 @@ here reads Django settings.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,7 +19,7 @@ from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
 from redis.connection import AbstractConnection, SSLConnection
 
 from redis_fifo_lock import LockServer
-from redis_fifo_lock.connection import check_url
+from redis_fifo_lock.connection import check_url, is_seconds
 from redis_fifo_lock.settings import shown_value
 
 TIMEOUT_KWARGS = ("socket_timeout", "socket_connect_timeout")
@@ -80,9 +79,8 @@ def check_seconds(setting: str, value: object) -> None:
     """Check a socket timeout of a cache's settings (``SOCKET_TIMEOUT``,
     ``socket_timeout``, ``socket_connect_timeout``...) before the lock uses it.
 
-    redis-py takes any value and fails only when it connects (a ``str`` raises
-    a bare ``TypeError`` there; a negative, NaN or infinite one makes every
-    call fail), so the lock checks it first.
+    The core refuses the same values (``redis_fifo_lock.connection.is_seconds``)
+    when the clients are built; this names the cache's setting instead.
 
     Args:
         setting: how the user spells it, for the message (e.g.
@@ -94,10 +92,7 @@ def check_seconds(setting: str, value: object) -> None:
         ImproperlyConfigured: naming ``setting``, for any other value (a str,
             a bool, 0 or less, NaN, infinity). A str is shown cut short.
     """
-    if value is None:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+    if is_seconds(value):
         return
     raise ImproperlyConfigured(
         f"{setting} must be a number of seconds above 0 (an int or float, or None for no "

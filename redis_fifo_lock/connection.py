@@ -13,6 +13,7 @@ than at the first acquire. ``masked_url`` and ``masked_kwargs`` are what every
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,6 +38,21 @@ SHOWN_URL_CHARS = 200
 
 NODE_PORT = 6379
 """Port of a Redis Cluster node whose URL names none."""
+
+TIMEOUT_OPTIONS = ("socket_timeout", "socket_connect_timeout")
+"""Connection options in seconds that ``check_options`` checks with ``is_seconds``."""
+
+
+def is_seconds(value: object) -> bool:
+    """Whether ``value`` can be a socket timeout: None (none), or an int or
+    float above 0 and finite (not a bool). redis-py takes any value and fails
+    only when it connects: a str raises a bare ``TypeError`` there, and a
+    negative, zero, NaN or infinite one makes every call fail or never end."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def is_secret(option: str) -> bool:
@@ -155,14 +171,16 @@ def check_options(
         TypeError: an option no connection takes (a misspelt keyword, an unknown
             URL query parameter).
         ValueError: a value redis-py refuses (``protocol`` other than 2 or 3, an
-            unknown ``ssl_cert_reqs``...).
+            unknown ``ssl_cert_reqs``...), or a ``socket_timeout`` or
+            ``socket_connect_timeout`` that is no number of seconds above 0
+            (see ``is_seconds``), from the URL's query or the options.
     """
     key = _plain_key(url, kwargs)
     if key is not None and key in _accepted:
         return
     shown = masked_url(url) if url is not None else "the connection"
     try:
-        build().connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        connection = build().connection_pool.make_connection()  # type: ignore[no-untyped-call]
     except TypeError as exc:
         reason = _unsecret(str(exc), url, kwargs)[:SHOWN_URL_CHARS]
         raise TypeError(
@@ -174,6 +192,14 @@ def check_options(
         raise ValueError(
             f"{where}: redis-py refuses the connection options of {shown!r}: {reason}"
         ) from None
+    for option in TIMEOUT_OPTIONS:
+        value = getattr(connection, option, None)
+        if not is_seconds(value):
+            raise ValueError(
+                f"{where}: {option} of {shown!r} must be a number of seconds above 0 (an int "
+                f"or float, or None for none), got {type(value).__name__} "
+                f"{str(value)[:SHOWN_URL_CHARS]!r}"
+            )
     if key is not None:
         _accepted[key] = None
         while len(_accepted) > CHECKED_MAX:

@@ -67,6 +67,12 @@ def test_a_malformed_url_is_refused_when_the_lock_is_built_naming_the_setting(
         ("redis://u:s3cret@h:6379/0?colour=blue", {}, TypeError, "'colour'"),
         ("redis://h/0", {"sockettimeout": 1, "password": "s3cret"}, TypeError, "sockettimeout"),
         ("unix:///run/r.sock", {"protocol": 4, "password": "s3cret"}, ValueError, "protocol"),
+        ("redis://u:s3cret@h:6379/0?socket_timeout=-1", {}, ValueError, "socket_timeout"),
+        ("redis://u:s3cret@h:6379/0?socket_connect_timeout=0", {}, ValueError, "connect_timeout"),
+        ("redis://h/0", {"socket_timeout": "5", "password": "s3cret"}, ValueError, "socket_t"),
+        ("redis://h/0", {"socket_timeout": float("nan")}, ValueError, "socket_timeout"),
+        ("redis://h/0", {"socket_connect_timeout": float("inf")}, ValueError, "connect_timeout"),
+        ("redis://h/0", {"socket_timeout": True}, ValueError, "socket_timeout"),
     ],
 )
 def test_connection_options_redis_py_would_refuse_are_refused_when_the_lock_is_built(
