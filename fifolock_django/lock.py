@@ -148,7 +148,11 @@ class CacheFifoLock:
     is: each thread (``with``) or asyncio task (``async with``) that enters it
     waits for a lease of its own, which its own exit releases; entering it
     again from the same thread or task while inside raises
-    ``LockUsageError``. The sync forms (``with``,
+    ``LockUsageError``. A block left by another task than the one that
+    entered it (an async generator closed elsewhere, ``wait_for``'s own task)
+    releases the object's one hold; while several tasks hold the object, that
+    raises ``LockUsageError`` instead, since it cannot say whose lease to
+    release. The sync forms (``with``,
     ``acquire``, ``release``, ``status``) in a thread that runs an event loop
     raise ``LockUsageError`` (they would block the loop): use the async ones.
 
@@ -298,7 +302,7 @@ class CacheFifoLock:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool | None:
-        hold = self._holds.pop(threading.get_ident(), None)
+        hold = self._leaving(threading.get_ident(), AbstractContextManager)
         if not isinstance(hold, AbstractContextManager):
             raise LockUsageError(self.name, "__exit__ without a matching `with` entry")
         return hold.__exit__(exc_type, exc, traceback)
@@ -317,10 +321,34 @@ class CacheFifoLock:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool | None:
-        hold = self._holds.pop(_current_task(self.name), None)
+        hold = self._leaving(_current_task(self.name), AbstractAsyncContextManager)
         if not isinstance(hold, AbstractAsyncContextManager):
             raise LockUsageError(self.name, "__aexit__ without a matching `async with` entry")
         return await hold.__aexit__(exc_type, exc, traceback)
+
+    def _leaving(
+        self, inside: object, kind: type
+    ) -> AbstractContextManager[Lease] | AbstractAsyncContextManager[Lease] | None:
+        """The hold a block's exit in ``inside`` (a thread id or task) releases,
+        forgotten: its own, else the object's only hold of ``kind`` (a block
+        entered in another task or thread), else None.
+
+        Raises:
+            LockUsageError: ``inside`` entered nothing and several holds of
+                ``kind`` are open: whose lease to release cannot be told.
+        """
+        hold = self._holds.pop(inside, None)
+        if hold is not None:
+            return hold
+        others = [key for key, open_hold in self._holds.items() if isinstance(open_hold, kind)]
+        if len(others) > 1:
+            raise LockUsageError(
+                self.name,
+                f"a block of this cache.fifo_lock() object is left in another thread or task "
+                f"than the one that entered it, while {len(others)} hold it: whose lease to "
+                "release cannot be told; give each thread or task an object of its own",
+            )
+        return self._holds.pop(others[0]) if others else None
 
 
 def _current_task(name: str) -> asyncio.Task[Any]:

@@ -10,7 +10,9 @@ django-redis's backend and once on Django's built-in one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -380,6 +382,58 @@ async def test_one_lock_object_shared_by_tasks_gives_each_its_own_hold(counter_c
     await asyncio.gather(inside(), inside(), inside())
     assert len(fences) == 3 and fences == sorted(fences)
     assert not (await shared.astatus()).held
+
+
+async def _left_in_another_task(cache: Any) -> list[str]:
+    """An ``async with`` inside an async generator is left by whichever task
+    closes the generator, and ``wait_for`` enters in a task of its own on
+    Python 3.10 and 3.11: what went wrong (with one user of the object, the
+    exit must release)."""
+    lock = cache.fifo_lock("across-tasks", timeout=5)
+    problems = []
+
+    async def holding() -> AsyncIterator[int]:
+        async with lock as lease:
+            yield lease.fence
+
+    held = holding()
+    await asyncio.create_task(held.__anext__())  # entered in one task...
+    with contextlib.suppress(LockUsageError):
+        await asyncio.create_task(held.aclose())  # ...left in another
+    if (await lock.astatus()).held:
+        problems.append("the generator's block left the lock held")
+        await lock.async_lock().force_release()
+
+    await asyncio.wait_for(lock.__aenter__(), 5)
+    with contextlib.suppress(LockUsageError):
+        await lock.__aexit__(None, None, None)
+    if (await lock.astatus()).held:
+        problems.append("the block entered through wait_for left the lock held")
+        await lock.async_lock().force_release()
+    if lock._holds:
+        problems.append(f"{len(lock._holds)} holds kept after every block was left")
+        lock._holds.clear()
+    return problems
+
+
+async def test_an_async_with_entered_and_left_in_different_tasks_releases(
+    counter_cache: Any,
+) -> None:
+    assert await _left_in_another_task(counter_cache) == []
+
+
+def _own_hold_only(self: CacheFifoLock, inside: object, kind: type) -> Any:
+    """MUTANT own-hold-only: a block's exit finds only a hold its own thread or
+    task entered, so one left in another task releases nothing (the bug in
+    7cd9802)."""
+    return self._holds.pop(inside, None)
+
+
+async def test_blocks_left_in_another_task_kill_own_hold_only(
+    counter_cache: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(CacheFifoLock, "_leaving", _own_hold_only)
+    assert await _left_in_another_task(counter_cache), "own-hold-only passed"
 
 
 # --- connections ---------------------------------------------------------------------------
