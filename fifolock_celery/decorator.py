@@ -327,8 +327,8 @@ def fifo_locked(
             ``retry`` in an eager call); nothing is left queued.
         celery.exceptions.Retry: the ``retry`` policy republished the task.
         RedisUnavailable: Redis could not be reached to acquire, or to release
-            after a body that returned (the release is tried again for about a
-            second first, as ``SyncFifoLock.hold`` does). After a body that
+            after a body that returned (the release is tried again first, for
+            about 1.5 to 5 s, as ``SyncFifoLock.hold`` does). After a body that
             raised, the body's exception is what the task raises, with the
             release's failure attached as its ``fifolock_release_error``.
         NotReplicated: (a ``RedisUnavailable``) with ``replicas`` above 0, fewer

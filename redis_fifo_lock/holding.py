@@ -2,7 +2,7 @@
 hides the error the block raised.
 
 Shared by ``FifoLock.hold`` and ``SyncFifoLock.hold`` (which runs
-``release_retrying`` on the portal loop).
+``release_retrying`` on the portal loop, as a duty of its hub).
 """
 
 from __future__ import annotations
@@ -98,6 +98,13 @@ async def release_when_cancelled(name: str, release: asyncio.Task[None]) -> None
     if done:
         release.result()
         return
+    keep_releasing(name, release)
+
+
+def keep_releasing(name: str, release: asyncio.Task[None]) -> None:
+    """Nobody waits for the ``release`` task (of a lease of lock ``name``) any
+    more: its caller was cancelled or interrupted. It goes on in the
+    background; a final failure is logged as a warning."""
     release.add_done_callback(partial(_report_late_failure, name))
 
 
@@ -105,7 +112,7 @@ def _report_late_failure(name: str, release: asyncio.Task[None]) -> None:
     if release.cancelled() or release.exception() is None:
         return
     log.warning(
-        "FIFO lock %r: the release of a cancelled hold() failed: %s",
+        "FIFO lock %r: the release of an interrupted or cancelled hold failed: %s",
         name,
         release.exception(),
     )

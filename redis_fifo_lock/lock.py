@@ -175,6 +175,23 @@ def check_text_options(name: str, client: AsyncClient | LoopClients) -> None:
         check_client_encoding(name, options)
 
 
+def check_lease(name: str, lease: object) -> Lease:
+    """``lease``, if it is a lease of lock ``name`` held by this process.
+
+    Raises:
+        LockUsageError: ``lease`` is no ``Lease``, another lock's (another
+            name), or another process's (this one was forked while it was held).
+    """
+    if not isinstance(lease, Lease) or lease.name != name:
+        raise LockUsageError(
+            name,
+            f"release() got {shown_value(lease)}, which is not a lease of this lock; "
+            "release a lease with the lock (same name) that granted it",
+        )
+    lease.check_owner()
+    return lease
+
+
 class FifoLock:
     """A distributed FIFO mutex on one Redis server, for asyncio code.
 
@@ -313,7 +330,7 @@ class FifoLock:
             with metrics.current(lease):
                 yield lease
         except BaseException as error:
-            release = self._release_owed(lease)
+            release = self.release_owed(lease)
             try:
                 if isinstance(error, asyncio.CancelledError):
                     await release_when_cancelled(self.name, release)
@@ -322,13 +339,14 @@ class FifoLock:
             except Exception as failure:
                 attach_release_error(error, failure, self.name)
             raise
-        await asyncio.shield(self._release_owed(lease))
+        await asyncio.shield(self.release_owed(lease))
 
-    def _release_owed(self, lease: Lease) -> asyncio.Task[None]:
-        """Release ``lease`` (``release_retrying``) as a duty of the running
-        loop's hub, to be shielded: a second cancellation must not leave the
-        lease to expire, nor the loop's shutdown, which cancels the release's
-        task, possibly before it ran (see ``Hub.duty``)."""
+    def release_owed(self, lease: Lease) -> asyncio.Task[None]:
+        """Release ``lease`` (``holding.release_retrying``) as a duty of the
+        running loop's hub, and return its task, to be shielded: a cancelled
+        caller must not leave the lease to expire, nor the loop's shutdown,
+        which cancels the release's task, possibly before it ran (see
+        ``Hub.duty``). Used by ``hold()`` and ``SyncFifoLock.release_retrying``."""
         return hub_for(self.client).duty(
             ("release", self.keys, lease.token), partial(release_retrying, self, lease)
         )
@@ -658,13 +676,7 @@ class FifoLock:
         waiter run before it returns, so a cancellation can reach it after the
         release is done: ``lease.released`` tells, and releasing again is a no-op.
         """
-        if not isinstance(lease, Lease) or lease.name != self.name:
-            raise LockUsageError(
-                self.name,
-                f"release() got {lease!r}, which is not a lease of this lock; release a "
-                "lease with the lock (same name) that granted it",
-            )
-        lease.check_owner()
+        check_lease(self.name, lease)
         if lease.released:
             return
         lost_before = lease.lost  # also when its expires_at passed: no longer acting as holder

@@ -8,6 +8,7 @@ caller's critical section runs, and uses its own client (from ``LoopClients``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -16,9 +17,9 @@ from . import metrics, reentry
 from .clients import LoopClients
 from .connection import check_url
 from .holder import current_caller, describing, holder_description
-from .holding import attach_release_error, release_retrying
+from .holding import attach_release_error, keep_releasing
 from .lease import Lease, LockStatus
-from .lock import FifoLock, check_text_options, check_timeout, lock_settings
+from .lock import FifoLock, check_lease, check_text_options, check_timeout, lock_settings
 from .portal import portal
 from .protocol import AsyncClient, LockKeys
 from .server import LockServer
@@ -197,20 +198,31 @@ class SyncFifoLock:
     def release_retrying(self, lease: Lease) -> None:
         """Release ``lease`` as ``hold()`` does on the way out: a try that
         cannot reach Redis is made again after the pauses of
-        ``holding.RELEASE_RETRY_PAUSES_S`` (about a second in all), each try
-        waiting at most ``holding.RELEASE_TRY_S`` seconds for its reply, so that
-        a short outage does not leave the lock held until ``lease_ms`` runs out.
-        For code that holds a lease across a block of its own (a Celery task's
-        body) instead of using ``hold()``.
+        ``holding.RELEASE_RETRY_PAUSES_S`` (0.1, 0.3 and 0.9 s), each try
+        waiting at most ``holding.RELEASE_TRY_S`` (1 s) for its reply: about
+        1.5 s in all when Redis refuses connections, up to about 5 s when it
+        does not answer. So a short outage does not leave the lock held until
+        ``lease_ms`` runs out. For code that holds a lease across a block of
+        its own (a Celery task's body) instead of using ``hold()``.
+
+        If the calling thread is interrupted meanwhile (a signal handler
+        raising: Ctrl-C, Celery's soft time limit), the exception propagates at
+        once and the release goes on in the background on the portal loop; a
+        final failure is logged as a warning.
 
         Raises:
             RedisUnavailable: every try failed or went unanswered; the lease
                 then expires by itself within ``lease_ms``.
             LeaseLost, LockUsageError: as ``release`` (never retried).
         """
-        lease.check_owner()
+        check_lease(self.name, lease)
 
         async def run() -> None:
-            await release_retrying(self._lock(), lease)
+            release = self._lock().release_owed(lease)
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                keep_releasing(self.name, release)
+                raise
 
         portal().call(self.name, run)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import logging
 import multiprocessing
+import signal
 import subprocess
 import sys
 import threading
@@ -16,11 +18,15 @@ import redis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
-from redis_fifo_lock import LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock import Lease, LeaseLost, LockTimeout, LockUsageError, SyncFifoLock
+from redis_fifo_lock.holding import release_retrying
 from redis_fifo_lock.holds import violations
 from redis_fifo_lock.portal import portal
 from redis_fifo_lock.testing import PrivateRedisFactory
+from tests.conftest import FaultProxyFactory
 from tests.support.forking import RAISED, in_child, needs_fork
+from tests.support.polling import until_sync
+from tests.support.proxy import FaultProxy
 from tests.support.record import Record
 
 
@@ -138,6 +144,83 @@ def test_an_interrupted_sync_acquire_never_leaves_the_lock_held(redis_url: str) 
         signal.signal(signal.SIGALRM, previous)
     status = lock.status()
     assert (status.held, status.waiting) == (False, 0), status
+
+
+class _InterruptTheRetry(logging.Handler):
+    """When a release's first try is reported failed: lets connections through
+    ``proxy`` again, and has the main thread interrupted (SIGALRM, whose
+    handler raises ``Interrupted``) while it waits for the retry."""
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        super().__init__()
+        self.proxy = proxy
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "trying again" in record.getMessage():
+            self.proxy.max_connections = 256
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+
+
+def _interrupted_during_the_release_retries(proxy: FaultProxy) -> bool:
+    """A ``hold()`` whose release meets an outage, its caller interrupted (a
+    soft time limit, Ctrl-C) while the release waits to try again: whether
+    the lock is free within a few seconds (its lease is 30 s)."""
+    lock = SyncFifoLock(proxy.url, "interrupted-release", lease_ms=30_000, poll_ms=5000)
+    handler = _InterruptTheRetry(proxy)
+    logger = logging.getLogger("redis_fifo_lock")
+    logger.addHandler(handler)
+    previous = signal.signal(signal.SIGALRM, _raise_interrupted)
+    try:
+        with pytest.raises(Interrupted), lock.hold(timeout=5):
+            proxy.max_connections = 0  # Redis out of reach until the first retry
+            proxy.reset()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        logger.removeHandler(handler)
+    try:
+        until_sync(lambda: not lock.status().held, "the lock free", 5)
+    except AssertionError:
+        lock.force_release()
+        return False
+    return True
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted
+
+
+def test_a_hold_interrupted_while_its_release_retries_still_releases(
+    fault_proxy: FaultProxyFactory, redis_url: str
+) -> None:
+    assert _interrupted_during_the_release_retries(fault_proxy(redis_url))
+
+
+def _released_with_its_caller(self: SyncFifoLock, lease: Lease) -> None:
+    """MUTANT release-cancelled-with-caller: the retried release runs as the
+    caller's own call on the portal, so interrupting the caller cancels it and
+    the lock stays held until its lease runs out (the bug before this test)."""
+
+    async def run() -> None:
+        await release_retrying(self._lock(), lease)
+
+    portal().call(self.name, run)
+
+
+def test_a_hold_interrupted_while_its_release_retries_kills_release_cancelled_with_caller(
+    fault_proxy: FaultProxyFactory, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SyncFifoLock, "release_retrying", _released_with_its_caller)
+    assert not _interrupted_during_the_release_retries(fault_proxy(redis_url))
+
+
+@pytest.mark.parametrize("lease", ["x", None, 7])
+def test_release_retrying_refuses_what_is_not_a_lease_as_release_does(
+    redis_url: str, lease: object
+) -> None:
+    lock = SyncFifoLock(redis_url, "not-a-lease")
+    with pytest.raises(LockUsageError, match="not a lease of this lock"):
+        lock.release_retrying(lease)  # type: ignore[arg-type]
 
 
 @needs_fork
