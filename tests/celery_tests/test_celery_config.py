@@ -732,7 +732,7 @@ def _interrupted_as_granted(app: Celery, key: str, handlers: list[logging.Handle
     """Run a locked task eagerly whose grant log raises ``Interrupted``; whether
     its lock is still held afterwards."""
 
-    @app.task(shared=False)
+    @app.task(shared=False, name=f"interrupted-{key}")
     @fifo_locked("interrupted-{key}", timeout=5)
     def body(key: str) -> str:
         return "ran"
@@ -750,7 +750,7 @@ def _released_through_a_short_outage(
     """Run a locked task eagerly whose release meets an outage that ends at its
     first retry; what went wrong ("" for nothing)."""
 
-    @app.task(shared=False)
+    @app.task(shared=False, name=f"blip-{key}")
     @fifo_locked("blip-{key}", timeout=5)
     def body(key: str) -> str:
         proxy.max_connections = 0  # Redis cannot be reached until the first retry
@@ -771,7 +771,7 @@ def _raised_when_redis_is_gone(app: Celery, proxy: FaultProxy, key: str) -> Base
     """What a locked task raises whose body raises ``BodyFailed`` once Redis
     cannot be reached any more."""
 
-    @app.task(shared=False, autoretry_for=(BodyFailed,), max_retries=0)
+    @app.task(shared=False, name=f"down-{key}", autoretry_for=(BodyFailed,), max_retries=0)
     @fifo_locked("down-{key}", timeout=5)
     def body(key: str) -> None:
         proxy.max_connections = 0  # for good: every try of the release fails
