@@ -369,9 +369,11 @@ class FifoLock:
             LockTimeout: (a ``TimeoutError``) when ``timeout`` ran out; the
                 request was withdrawn (or, if Redis does not answer, will be as
                 soon as it does) and no grant is left behind.
-            RedisUnavailable: when Redis could not be reached. The request is
-                withdrawn as soon as Redis answers again, unless it is retried
-                with the same ``token`` first.
+            RedisUnavailable: when Redis could not be reached to queue the
+                request; or, with no ``timeout``, once this process could not
+                reach Redis for ``lease_ms`` while the request waited (its place
+                was lost). The request is withdrawn as soon as Redis answers
+                again, unless it is retried with the same ``token`` first.
             LockUsageError: ``token`` is already waiting in this process, or
                 names a request that already ended (a token names one request);
                 or, with no ``timeout``, this task already holds the lock or
@@ -438,6 +440,9 @@ class FifoLock:
                 if not hinted:
                     withdrawn = await self._give_up(hub, group, waiter)
                     raise self._timed_out(group, started, deadline, withdrawn=withdrawn)
+                if deadline is None and waiter.out_of_reach is not None:
+                    await self._give_up(hub, group, waiter)
+                    raise self._out_of_reach(waiter.out_of_reach)
                 lease = self._take_granted(hub, waiter) or await self._claim(
                     hub, group, waiter, started, deadline
                 )
@@ -586,6 +591,21 @@ class FifoLock:
         Awaiting the result waits for Redis's answer at most ``WITHDRAW_GRACE_S``,
         and says whether it came."""
         return _answered(hub.withdraw(group, waiter.token, waiter.ticket or 0, waiter.call))
+
+    def _out_of_reach(self, failure: RedisUnavailable) -> RedisUnavailable:
+        """The error for an acquire without a timeout whose process could not
+        reach Redis for ``lease_ms`` while it waited (its polls failed with
+        ``failure``): its place is lost, and an outage is no busy lock."""
+        error = RedisUnavailable(
+            self.name,
+            f"Redis could not be reached for lease_ms ({self.settings.lease_ms} ms) while "
+            f"this request waited ({failure.reason}), so its place in the queue is lost; "
+            "acquire again once Redis answers, or pass a timeout to wait through outages "
+            "until it runs out",
+            cause=failure.cause,
+        )
+        error.__cause__ = failure
+        return error
 
     def _timed_out(
         self, group: WaitGroup, started: float, deadline: float | None, *, withdrawn: bool

@@ -171,6 +171,10 @@ class Waiter:
             acquire call, was sent, before Redis made the grant. None otherwise.
         holder: the description of the caller (str, see ``holder.py``) that its
             acquire records for onlookers; "" for none.
+        out_of_reach: the latest failure of its group's polls once they had
+            failed for ``lease_ms`` (its place is then lost: Redis presumes
+            its process dead), None while Redis answers. An acquire without a
+            timeout raises ``RedisUnavailable`` then.
     """
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -182,6 +186,7 @@ class Waiter:
         self.ring_key = ""  # each acquire call gets its own: see sending()
         self.granted: tuple[Grant, float] | None = None
         self.holder = ""
+        self.out_of_reach: RedisUnavailable | None = None
         self._loop = loop
         self._hint: asyncio.Future[None] = loop.create_future()
 
@@ -246,6 +251,9 @@ class WaitGroup:
     """``catch_up`` asked for a poll: a ring may have been lost."""
     _poll_failed: bool = False
     """The latest poll failed to reach Redis."""
+    _unanswered_since: float | None = None
+    """When (``time.monotonic()``) the first of the polls that failed since
+    Redis last answered one was sent; None while Redis answers."""
 
     @cached_attribute
     def session(self) -> str:
@@ -494,6 +502,7 @@ class WaitGroup:
                 self.keys.name,
                 exc.reason,
             )
+            self._unreachable(exc, sent)
             if not self._poll_failed:
                 # The first failure after an answer may be the pooled
                 # connection's alone (reset while idle: a restart, a proxy),
@@ -506,6 +515,10 @@ class WaitGroup:
         if reply is None:
             return 0.0
         self._poll_failed = False
+        if self._unanswered_since is not None:
+            self._unanswered_since = None
+            for waiter in self.waiters.values():
+                waiter.out_of_reach = None
         self._settle(reply, sent)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:
@@ -513,6 +526,20 @@ class WaitGroup:
             # holder is replaced within lease_ms, not lease_ms + poll_ms.
             return min(poll_s, reply.grant.pttl_ms / 1000 + EXPIRY_MARGIN_S)
         return poll_s
+
+    def _unreachable(self, failure: RedisUnavailable, sent: float) -> None:
+        """A poll sent at ``sent`` failed with ``failure``. Once the polls have
+        failed for ``lease_ms``, Redis presumes this process dead and its
+        requests have lost their places: each waiter is told (``out_of_reach``)
+        and woken, once, and one without a timeout gives up."""
+        if self._unanswered_since is None:
+            self._unanswered_since = sent
+        if time.monotonic() - self._unanswered_since < self.settings.lease_ms / 1000:
+            return
+        for waiter in self.waiters.values():
+            if waiter.out_of_reach is None:  # woken once, not at every failed poll
+                waiter.out_of_reach = failure
+                waiter.hint()
 
     def _settle(self, reply: PollReply, sent: float) -> None:
         """Wake the waiters the poll (sent at ``sent``) concerns: the holder, if it

@@ -65,6 +65,7 @@ from redis_fifo_lock.waiting import (
 from tests.conftest import FaultProxyFactory
 from tests.support.damage import garble_floors
 from tests.support.polling import until
+from tests.support.proxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -1401,3 +1402,88 @@ async def test_polls_whose_waiters_left_while_they_waited_for_a_call_slot_are_no
         f"a free lock's acquire took {took_s:.2f} s behind the polls of groups whose "
         "waiters had left"
     )
+
+
+async def _out_of_reach_while_waiting(
+    redis_url: str,
+    aredis: AsyncRedis,
+    proxy: FaultProxy,
+    clients: Callable[..., AsyncRedis],
+    timeout: float | None,
+) -> tuple[BaseException | None, float]:
+    """A request queued behind a holder, then every connection of its process
+    to Redis refused: what its ``acquire(timeout)`` ended with (None: still
+    waiting 10 s later) and after how long."""
+    settings = {"lease_ms": 1500, "poll_ms": 300}
+    lock = FifoLock(clients(proxy.url, **no_retries()), "out-of-reach", **settings)
+    holder = FifoLock(clients(redis_url), "out-of-reach", **settings)
+    await warm_up(lock)
+    lease = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(lock.acquire(timeout, token="untimed"))
+    await until(lambda: _queued(aredis, lock.keys, "untimed"), "queued")
+    proxy.max_connections = 0
+    proxy.reset()
+    started = time.monotonic()
+    done, _ = await asyncio.wait({waiting}, timeout=10)
+    took = time.monotonic() - started
+    proxy.max_connections = 256
+    if not done:
+        waiting.cancel()
+    ended = waiting.exception() if done else None
+    await holder.release(lease)
+    await until(lambda: _gone(aredis, lock.keys, "untimed"), "withdrawn", 10)
+    return ended, took
+
+
+async def _gone(admin: AsyncRedis, keys: LockKeys, token: str) -> bool:
+    return not await _queued(admin, keys, token)
+
+
+async def test_an_untimed_waiter_raises_once_redis_was_out_of_reach_for_a_lease(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+) -> None:
+    """Before, it waited as long as the outage lasted (an untimed Django view or
+    Celery task held its thread for good), while the request's place was lost
+    once its process could not poll for a lease."""
+    ended, took = await _out_of_reach_while_waiting(
+        redis_url, aredis, fault_proxy(redis_url), clients, None
+    )
+    assert isinstance(ended, RedisUnavailable), f"still waiting {took:.1f} s into the outage"
+    assert "lease_ms" in str(ended) and "out-of-reach" in str(ended)
+    assert 1.5 * 0.9 <= took < 5, f"gave up after {took:.2f} s (lease_ms 1500)"
+
+
+async def test_a_timed_waiter_keeps_its_timeout_while_redis_is_out_of_reach(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+) -> None:
+    ended, took = await _out_of_reach_while_waiting(
+        redis_url, aredis, fault_proxy(redis_url), clients, 4.0
+    )
+    assert isinstance(ended, LockTimeout)
+    assert took >= 3.5
+
+
+def _never_out_of_reach(self: WaitGroup, failure: RedisUnavailable, sent: float) -> None:
+    """MUTANT outage-waits-forever: failed polls never tell the waiters, so an
+    untimed acquire waits as long as the outage lasts (the bug before this
+    test)."""
+
+
+async def test_an_untimed_waiter_out_of_reach_kills_outage_waits_forever(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(WaitGroup, "_unreachable", _never_out_of_reach)
+    ended, _ = await _out_of_reach_while_waiting(
+        redis_url, aredis, fault_proxy(redis_url), clients, None
+    )
+    assert ended is None, "outage-waits-forever passed"
