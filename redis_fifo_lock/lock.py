@@ -440,9 +440,12 @@ class FifoLock:
                 if not hinted:
                     withdrawn = await self._give_up(hub, group, waiter)
                     raise self._timed_out(group, started, deadline, withdrawn=withdrawn)
-                if deadline is None and waiter.out_of_reach is not None:
+                # Read before the withdrawal is awaited: a poll answered meanwhile
+                # clears it, and the decision was made on what the group knew.
+                out_of_reach = waiter.out_of_reach
+                if deadline is None and out_of_reach is not None:
                     await self._give_up(hub, group, waiter)
-                    raise self._out_of_reach(waiter.out_of_reach)
+                    raise self._out_of_reach(out_of_reach)
                 lease = self._take_granted(hub, waiter) or await self._claim(
                     hub, group, waiter, started, deadline
                 )
