@@ -253,7 +253,8 @@ class WaitGroup:
     """The latest poll failed to reach Redis."""
     _unanswered_since: float | None = None
     """When (``time.monotonic()``) the first of the polls that failed since
-    Redis last answered one was sent; None while Redis answers."""
+    Redis last answered a poll or an acquire of this group was sent; None
+    while Redis answers."""
 
     @cached_attribute
     def session(self) -> str:
@@ -339,7 +340,9 @@ class WaitGroup:
                 ring_key=waiter.ring_key,
             )
 
-        return await self.hub.run(self.hub.calls, send)
+        reply = await self.hub.run(self.hub.calls, send)
+        self._answered()  # the script refreshed this session's liveness, as a poll does
+        return reply
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
         """Run the claim script for request (token, ticket)."""
@@ -515,10 +518,7 @@ class WaitGroup:
         if reply is None:
             return 0.0
         self._poll_failed = False
-        if self._unanswered_since is not None:
-            self._unanswered_since = None
-            for waiter in self.waiters.values():
-                waiter.out_of_reach = None
+        self._answered()
         self._settle(reply, sent)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:
@@ -526,6 +526,14 @@ class WaitGroup:
             # holder is replaced within lease_ms, not lease_ms + poll_ms.
             return min(poll_s, reply.grant.pttl_ms / 1000 + EXPIRY_MARGIN_S)
         return poll_s
+
+    def _answered(self) -> None:
+        """Redis answered a call that refreshed this group's session liveness
+        (a poll, an acquire): no waiter's place is lost, whatever failed before."""
+        if self._unanswered_since is not None:
+            self._unanswered_since = None
+            for waiter in self.waiters.values():
+                waiter.out_of_reach = None
 
     def _unreachable(self, failure: RedisUnavailable, sent: float) -> None:
         """A poll sent at ``sent`` failed with ``failure``. Once the polls have

@@ -1487,3 +1487,40 @@ async def test_an_untimed_waiter_out_of_reach_kills_outage_waits_forever(
         redis_url, aredis, fault_proxy(redis_url), clients, None
     )
     assert ended is None, "outage-waits-forever passed"
+
+
+async def test_a_waiter_queued_after_a_long_outage_keeps_its_place_through_a_short_one(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+) -> None:
+    """helper-32: the group dated its outage from its first failed poll, and
+    only a poll answered ended it. A request queued once Redis was back (its
+    acquire refreshed the session's liveness) gave up at the first failed
+    poll of the next blip, 0.36 s in, though its place was safe."""
+    settings = {"lease_ms": 1500, "poll_ms": 300}
+    proxy = fault_proxy(redis_url)
+    lock = FifoLock(clients(proxy.url, **no_retries()), "blips", **settings)
+    holder = FifoLock(clients(redis_url), "blips", **settings)
+    await warm_up(lock)
+    lease = await holder.acquire(timeout=5)
+    timed = asyncio.create_task(lock.acquire(60, token="timed"))
+    await until(lambda: _queued(aredis, lock.keys, "timed"), "timed queued")
+    group = next(iter(hub_for(lock.client).groups.values()))
+    proxy.max_connections = 0  # a long outage, which the timed waiter waits through
+    proxy.reset()
+    await until(lambda: group.waiters["timed"].out_of_reach is not None, "out of reach", 10)
+    proxy.max_connections = 256
+    untimed = asyncio.create_task(lock.acquire(token="untimed"))
+    await until(lambda: _queued(aredis, lock.keys, "untimed"), "untimed queued")
+    proxy.max_connections = 0  # a short blip, at once
+    proxy.reset()
+    done, _ = await asyncio.wait({untimed}, timeout=1.0)  # under lease_ms
+    proxy.max_connections = 256
+    ended = untimed.exception() if done else None
+    for task in (timed, untimed):
+        task.cancel()
+    await asyncio.gather(timed, untimed, return_exceptions=True)
+    await holder.release(lease)
+    assert not done, f"the untimed waiter gave up {ended!r} in a blip shorter than lease_ms"
