@@ -70,6 +70,7 @@ class Lease:
         self.lost_reason: str | None = None
         self._released = False
         self._releasing = False
+        self._release_asked = False
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._renewal: Renewal | None = None
 
@@ -83,6 +84,20 @@ class Lease:
         """True from the start of a release (bool): a renewal refused from then on
         says nothing about the lease. False again if the release failed."""
         return self._releasing
+
+    @property
+    def release_asked(self) -> bool:
+        """True once its holder asked for its release (bool), whatever came of
+        it, and also while that release goes on in the background: the lease
+        is no longer renewed, so it ends within ``lease_ms`` even if the
+        release never reaches Redis. Its holder no longer holds it as far as
+        reentry is concerned (see ``reentry.Claim.active``)."""
+        return self._release_asked
+
+    def asked_to_release(self) -> None:
+        """Its holder asked for its release (see ``release_asked``); callable
+        from any thread."""
+        self._release_asked = True
 
     @property
     def lost(self) -> bool:

@@ -700,6 +700,7 @@ class FifoLock:
         release is done: ``lease.released`` tells, and releasing again is a no-op.
         """
         check_lease(self.name, lease)
+        lease.asked_to_release()
         if lease.released:
             return
         lost_before = lease.lost  # also when its expires_at passed: no longer acting as holder

@@ -69,8 +69,10 @@ class Claim:
 
     @property
     def active(self) -> bool:
-        """True while the request waits or its lease is held: not released, and
-        not lost (a lost lease - refused renewal, or expired after a release
+        """True while the request waits or its lease is held: no release asked
+        for (one that goes on in the background after its caller was
+        interrupted ends the lease within ``lease_ms`` whatever happens), not
+        released, and not lost (a lost lease - refused renewal, or expired after a release
         that could not reach Redis - no longer keeps anyone out), in the
         process that made it."""
         if self.ended or self.pid != os.getpid():
@@ -78,7 +80,7 @@ class Claim:
         if self.lease is None:
             return True
         lease = self.lease()
-        return lease is not None and not (lease.released or lease.lost)
+        return lease is not None and not (lease.released or lease.release_asked or lease.lost)
 
     def granted(self, lease: Lease) -> None:
         """The request was granted ``lease``: the claim lasts until it is released."""

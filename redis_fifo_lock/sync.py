@@ -215,7 +215,7 @@ class SyncFifoLock:
                 then expires by itself within ``lease_ms``.
             LeaseLost, LockUsageError: as ``release`` (never retried).
         """
-        check_lease(self.name, lease)
+        check_lease(self.name, lease).asked_to_release()  # now: the caller may be interrupted
 
         async def run() -> None:
             release = self._lock().release_owed(lease)

@@ -161,10 +161,11 @@ class _InterruptTheRetry(logging.Handler):
             signal.setitimer(signal.ITIMER_REAL, 0.01)
 
 
-def _interrupted_during_the_release_retries(proxy: FaultProxy) -> bool:
+def _interrupted_during_the_release_retries(proxy: FaultProxy, *, again: bool = False) -> bool:
     """A ``hold()`` whose release meets an outage, its caller interrupted (a
     soft time limit, Ctrl-C) while the release waits to try again: whether
-    the lock is free within a few seconds (its lease is 30 s)."""
+    the lock is free within a few seconds (its lease is 30 s). With ``again``,
+    the thread first takes the lock again at once, without a timeout."""
     lock = SyncFifoLock(proxy.url, "interrupted-release", lease_ms=30_000, poll_ms=5000)
     handler = _InterruptTheRetry(proxy)
     logger = logging.getLogger("redis_fifo_lock")
@@ -178,6 +179,8 @@ def _interrupted_during_the_release_retries(proxy: FaultProxy) -> bool:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         logger.removeHandler(handler)
+    if again:
+        lock.release(lock.acquire())
     try:
         until_sync(lambda: not lock.status().held, "the lock free", 5)
     except AssertionError:
@@ -194,6 +197,15 @@ def test_a_hold_interrupted_while_its_release_retries_still_releases(
     fault_proxy: FaultProxyFactory, redis_url: str
 ) -> None:
     assert _interrupted_during_the_release_retries(fault_proxy(redis_url))
+
+
+def test_the_thread_of_an_interrupted_hold_may_take_the_lock_again_at_once(
+    fault_proxy: FaultProxyFactory, redis_url: str
+) -> None:
+    """helper-32: the reentry check took the lease whose release went on in
+    the background for one the thread still held, and refused an untimed
+    acquire ("would wait for itself for ever") until that release ended."""
+    assert _interrupted_during_the_release_retries(fault_proxy(redis_url), again=True)
 
 
 def _released_with_its_caller(self: SyncFifoLock, lease: Lease) -> None:
