@@ -26,7 +26,7 @@ from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.conftest import FaultProxyFactory
 from tests.support.forking import RAISED, in_child, needs_fork
 from tests.support.polling import until_sync
-from tests.support.proxy import FaultProxy
+from tests.support.proxy import FaultProxy, OutageEndsAtRetry
 from tests.support.record import Record
 
 
@@ -146,28 +146,15 @@ def test_an_interrupted_sync_acquire_never_leaves_the_lock_held(redis_url: str) 
     assert (status.held, status.waiting) == (False, 0), status
 
 
-class _InterruptTheRetry(logging.Handler):
-    """When a release's first try is reported failed: lets connections through
-    ``proxy`` again, and has the main thread interrupted (SIGALRM, whose
-    handler raises ``Interrupted``) while it waits for the retry."""
-
-    def __init__(self, proxy: FaultProxy) -> None:
-        super().__init__()
-        self.proxy = proxy
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "trying again" in record.getMessage():
-            self.proxy.max_connections = 256
-            signal.setitimer(signal.ITIMER_REAL, 0.01)
-
-
 def _interrupted_during_the_release_retries(proxy: FaultProxy, *, again: bool = False) -> bool:
     """A ``hold()`` whose release meets an outage, its caller interrupted (a
     soft time limit, Ctrl-C) while the release waits to try again: whether
     the lock is free within a few seconds (its lease is 30 s). With ``again``,
     the thread first takes the lock again at once, without a timeout."""
     lock = SyncFifoLock(proxy.url, "interrupted-release", lease_ms=30_000, poll_ms=5000)
-    handler = _InterruptTheRetry(proxy)
+    # The outage ends at the first retry, and the main thread is interrupted
+    # (SIGALRM, whose handler raises Interrupted) while it waits for it.
+    handler = OutageEndsAtRetry(proxy, then=lambda: signal.setitimer(signal.ITIMER_REAL, 0.01))
     logger = logging.getLogger("redis_fifo_lock")
     logger.addHandler(handler)
     previous = signal.signal(signal.SIGALRM, _raise_interrupted)

@@ -55,7 +55,7 @@ from redis_fifo_lock.holds import violations
 from tests.celery_tests import celery_app as tasks
 from tests.conftest import FaultProxyFactory
 from tests.support.celery_worker import ROOT, Log, unique
-from tests.support.proxy import FaultProxy
+from tests.support.proxy import FaultProxy, OutageEndsAtRetry
 
 # -- settings, decoration rules, outside a worker ------------------------------
 
@@ -680,19 +680,6 @@ class _InterruptTheGrantLog(logging.Handler):
             raise Interrupted("a soft time limit while the grant is logged")
 
 
-class _EndTheOutage(logging.Handler):
-    """Lets connections through ``proxy`` again when the release's first try
-    is reported failed: an outage that ends within the release's retries."""
-
-    def __init__(self, proxy: FaultProxy) -> None:
-        super().__init__()
-        self.proxy = proxy
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "trying again" in record.getMessage():
-            self.proxy.max_connections = 256
-
-
 @pytest.fixture
 def watched(request: pytest.FixtureRequest) -> Iterator[list[logging.Handler]]:
     """Handlers to attach, at INFO, to the loggers of ``fifolock_celery`` and
@@ -757,7 +744,7 @@ def _released_through_a_short_outage(
         proxy.reset()
         return "done"
 
-    _watch(handlers, _EndTheOutage(proxy), "redis_fifo_lock")
+    _watch(handlers, OutageEndsAtRetry(proxy), "redis_fifo_lock")
     result = body.apply((key,))
     proxy.max_connections = 256
     if not result.successful():

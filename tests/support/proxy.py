@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 import threading
@@ -413,6 +414,24 @@ class FaultProxy:
             pipe.changed.set()
             pipe.sink.write(data)
             await pipe.sink.drain()
+
+
+class OutageEndsAtRetry(logging.Handler):
+    """A handler for the ``redis_fifo_lock`` logger: when a release's first try
+    is reported failed ("trying again"), ``proxy`` lets connections through
+    again (an outage refused by ``max_connections = 0`` that ends within the
+    release's retries), then ``then()`` runs, if given."""
+
+    def __init__(self, proxy: FaultProxy, then: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self.proxy = proxy
+        self.then = then
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "trying again" in record.getMessage():
+            self.proxy.max_connections = 256
+            if self.then is not None:
+                self.then()
 
 
 def taken_for_dead(doorbell: Doorbell) -> list[str]:
