@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import override_settings
+from django_app import settings as project
 from django_app.testing import finish, manage, wait_until
 from redis import Redis
 
@@ -217,3 +219,16 @@ def test_an_unknown_cache_alias_is_a_short_command_error(
     message = str(caught.value)
     assert "'default'" in message  # the aliases there are
     assert len(message) < 600, message
+
+
+@pytest.mark.parametrize("action", [("list",), ("status", "x")], ids=["list", "status"])
+def test_a_key_prefix_that_cannot_prefix_lock_keys_is_a_short_command_error(
+    redis_url: str, action: tuple[str, ...]
+) -> None:
+    entry = {"BACKEND": project.BACKENDS["django-redis"], "LOCATION": redis_url}
+    braces = override_settings(CACHES={"default": {**entry, "KEY_PREFIX": "{tenant}"}})
+    with braces, pytest.raises(CommandError, match="KEY_PREFIX") as caught:
+        call_command("fifolock", *action)
+    message = str(caught.value)
+    assert message.startswith(f"fifolock {action[0]}: "), message
+    assert "\n" not in message and len(message) < 600, message

@@ -270,13 +270,17 @@ class Command(BaseCommand):
 
         Raises:
             LockError, RedisError: Redis failed (``handle`` words them).
+            CommandError: the cache is not built on ``FifoLockMixin``, or its
+                ``KEY_PREFIX`` cannot prefix lock keys (one short line).
         """
         if not isinstance(cache, FifoLockMixin):
             raise CommandError(
                 f"fifolock list needs a cache backend built on FifoLockMixin, not "
                 f"{type(cache).__qualname__}"
             )
-        clients, namespace = cache.fifo_lock_clients, namespace_of(cache)
+        with input_errors("list"):
+            namespace = namespace_of(cache)
+        clients = cache.fifo_lock_clients
         settings = fifolock_settings().lock
         rows = []
         for redis_name in lock_names_sync(clients, namespace):
