@@ -279,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         with counting_bytecodes() as counts:
             _child(args.child, args.parser, args.url, args.cycles)
         named: Counter[str] = Counter()
-        for code, count in counts.items():
+        # The portal's thread (sync cases) still runs its tracer: read a copy.
+        for code, count in list(counts.items()):
             named[f"{module_of(code.co_filename)}:{code.co_name}"] += count
         args.bytecodes_out.write_text(json.dumps(named))
         return
