@@ -334,9 +334,10 @@ def fifo_locked(
         NotReplicated: (a ``RedisUnavailable``) with ``replicas`` above 0, fewer
             replicas acknowledged the grant in time; the body did not run.
         LeaseLost: at release, the lease had been lost while the body ran (it
-            outlived ``max_hold_ms``, or the process stalled beyond ``lease_ms``):
-            another execution may have overlapped. This failure is deliberately
-            loud; it replaces the body's own exception, which stays attached as
+            outlived ``max_hold_ms``, or the process stalled or was cut off from
+            Redis beyond ``lease_ms``; also when the release cannot reach
+            Redis then): another execution may have overlapped. This failure is
+            deliberately loud; it replaces the body's own exception, which stays attached as
             ``__context__``.
         LockUsageError: no Redis URL configured (the message names
             ``fifo_lock_redis_url``), the body re-entered its own lock, or the

@@ -50,7 +50,9 @@ async def release_retrying(lock: FifoLock, lease: Lease) -> None:
     Raises:
         RedisUnavailable: every try failed or went unanswered; the lease expires
             by itself within ``lease_ms``.
-        LeaseLost, LockUsageError: as ``FifoLock.release`` (never retried).
+        LeaseLost, LockUsageError: as ``FifoLock.release`` (never retried);
+            ``LeaseLost`` also for a try that went unanswered, when the lease
+            had been lost while held.
     """
     for pause in RELEASE_RETRY_PAUSES_S:
         try:
@@ -76,11 +78,12 @@ async def _release_once(lock: FifoLock, lease: Lease) -> None:
     except asyncio.TimeoutError:
         if lease.released:
             return  # the time ran out after Redis had answered (see FifoLock.release)
-        raise RedisUnavailable(
+        failure = RedisUnavailable(
             lock.name,
             f"releasing lease fence {lease.fence} got no reply within {RELEASE_TRY_S:g} s; "
             "the lease expires by itself within lease_ms. Check that Redis is reachable",
-        ) from None
+        )
+        raise (lease.unreleased(failure) or failure) from None
 
 
 async def release_when_cancelled(name: str, release: asyncio.Task[None]) -> None:

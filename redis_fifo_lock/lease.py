@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import metrics
-from .errors import LockUsageError
+from .errors import LeaseLost, LockUsageError, RedisUnavailable
 
 if TYPE_CHECKING:
     from .renewal import Renewal
@@ -71,6 +71,7 @@ class Lease:
         self._released = False
         self._releasing = False
         self._release_asked = False
+        self._lost_when_asked = False
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._renewal: Renewal | None = None
 
@@ -96,8 +97,36 @@ class Lease:
 
     def asked_to_release(self) -> None:
         """Its holder asked for its release (see ``release_asked``); callable
-        from any thread."""
+        from any thread. Whether the lease was lost by then is kept (see
+        ``lost_while_held``)."""
+        if not self._release_asked:
+            self._lost_when_asked = self.lost
         self._release_asked = True
+
+    @property
+    def lost_while_held(self) -> bool:
+        """True if the lease was already lost when its holder first asked for its
+        release (bool): the block may have overlapped another holder's. A lease
+        that ran out later, while its release could not reach Redis, was not
+        lost while held."""
+        return self._lost_when_asked
+
+    def unreleased(self, failure: RedisUnavailable) -> LeaseLost | None:
+        """The error a release that could not reach Redis (``failure``) raises
+        instead, if the lease was lost while held: a ``LeaseLost`` saying so,
+        for that is what the holder must hear; None otherwise (the release
+        raises ``failure``, and can be tried again)."""
+        if not self._lost_when_asked:
+            return None
+        return LeaseLost(
+            self.name,
+            f"lease fence {self.fence} had been given up for lost while held "
+            f"({self.lost_reason}), and its release could not reach Redis "
+            f"({failure.reason}); the critical section may have overlapped with another "
+            "holder. The lease is no longer renewed: Redis frees the lock by itself",
+            fence=self.fence,
+            token=self.token,
+        )
 
     @property
     def lost(self) -> bool:

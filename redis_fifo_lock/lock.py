@@ -688,7 +688,8 @@ class FifoLock:
                 lease was marked lost while held (``lease.lost``: e.g. renewals
                 unanswered, or not acknowledged by ``replicas``, until it could
                 have expired) - then it is released, but exclusion during the
-                hold was not assured.
+                hold was not assured. Also when that lease's release could not
+                reach Redis (the ``RedisUnavailable`` is its ``__cause__``).
             RedisUnavailable: Redis could not be reached; the lease is kept (not
                 renewed) and ``release`` can be retried.
             LockUsageError: ``lease`` belongs to another lock name, or to another
@@ -703,7 +704,6 @@ class FifoLock:
         lease.asked_to_release()
         if lease.released:
             return
-        lost_before = lease.lost  # also when its expires_at passed: no longer acting as holder
         # Not awaited before the release is sent: a renewal cut off now never
         # reads its reply, and Redis refuses a renewal that runs after the
         # release, so it can neither revive the lease nor mark it lost.
@@ -713,6 +713,12 @@ class FifoLock:
             outcome, handed_over = await self._send_release(
                 hub, lease.token, lease.fence, lease.call
             )
+        except RedisUnavailable as exc:
+            lease.release_failed()
+            lost = lease.unreleased(exc)
+            if lost is None:
+                raise
+            raise lost from exc
         except BaseException:
             lease.release_failed()
             raise
@@ -732,7 +738,7 @@ class FifoLock:
                 fence=lease.fence,
                 token=lease.token,
             )
-        if lost_before or lease.lost_reason is not None:
+        if lease.lost_while_held or lease.lost_reason is not None:
             raise LeaseLost(
                 self.name,
                 f"lease fence {lease.fence} was released, but it had been given up for lost "

@@ -41,6 +41,7 @@ from redis.backoff import NoBackoff
 from redis_fifo_lock import (
     FifoLock,
     Lease,
+    LeaseLost,
     LockError,
     LockTimeout,
     LoopClients,
@@ -1524,3 +1525,110 @@ async def test_a_waiter_queued_after_a_long_outage_keeps_its_place_through_a_sho
     await asyncio.gather(timed, untimed, return_exceptions=True)
     await holder.release(lease)
     assert not done, f"the untimed waiter gave up {ended!r} in a blip shorter than lease_ms"
+
+
+# --- a lease lost while held, released while Redis is out of reach ----------------------
+
+
+async def _cut_off_until_lost(
+    redis_url: str,
+    proxy: FaultProxy,
+    clients: Callable[..., AsyncRedis],
+    lease: Lease,
+    how: str = "refused",
+) -> Lease:
+    """Cut the holder's process off from Redis (its connections ``"refused"``, or
+    every byte held back: ``"silent"``) until its lease is lost by its own
+    clock, then let another process take the lock (the block has overlapped
+    another holder's); returns that holder's lease."""
+    if how == "silent":
+        proxy.hold("up")
+        proxy.hold("down")
+    else:
+        proxy.max_connections = 0
+        proxy.reset()
+    await until(lambda: lease.lost, "the lease given up for lost", 10)
+    other = FifoLock(clients(redis_url), lease.name, lease_ms=1000, poll_ms=300)
+    return await other.acquire(timeout=10)
+
+
+def _lost_lock(
+    proxy: FaultProxy, clients: Callable[..., AsyncRedis], how: str = "refused"
+) -> FifoLock:
+    """A lock whose client reaches Redis through ``proxy``: with no retries, and
+    with no socket timeout when Redis is to fall ``"silent"`` (the lock's own
+    bounds then end its calls)."""
+    options = no_retries() | ({"socket_timeout": None} if how == "silent" else {})
+    return FifoLock(clients(proxy.url, **options), "lost-out-of-reach", lease_ms=1000, poll_ms=300)
+
+
+async def test_a_lease_lost_while_held_raises_lease_lost_at_a_release_that_cannot_reach_redis(
+    redis_url: str, fault_proxy: FaultProxyFactory, clients: Callable[..., AsyncRedis]
+) -> None:
+    """Before, the release said ``RedisUnavailable``: "the lease expires by itself
+    within lease_ms", when it had expired already and another holder was in."""
+    proxy = fault_proxy(redis_url)
+    lock = _lost_lock(proxy, clients)
+    await warm_up(lock)
+    lease = await lock.acquire(timeout=5)
+    other = await _cut_off_until_lost(redis_url, proxy, clients, lease)
+
+    with pytest.raises(LeaseLost) as lost:
+        await lock.release(lease)
+    assert lost.value.fence == lease.fence < other.fence
+    assert "overlapped" in str(lost.value) and "lost-out-of-reach" in str(lost.value)
+    assert isinstance(lost.value.__cause__, RedisUnavailable)
+
+
+@pytest.mark.parametrize("how", ["refused", "silent"])
+async def test_a_hold_whose_lease_was_lost_raises_lease_lost_though_its_release_cannot_reach_redis(
+    redis_url: str, fault_proxy: FaultProxyFactory, clients: Callable[..., AsyncRedis], how: str
+) -> None:
+    proxy = fault_proxy(redis_url)
+    lock = _lost_lock(proxy, clients, how)
+    await warm_up(lock)
+    with pytest.raises(LeaseLost, match="overlapped"):
+        async with lock.hold(timeout=5) as lease:
+            await _cut_off_until_lost(redis_url, proxy, clients, lease, how)
+
+
+def _outage_hides_the_loss(self: Lease, failure: RedisUnavailable) -> LeaseLost | None:
+    """MUTANT loss-hidden-by-outage: a release that cannot reach Redis always
+    says so, whether or not the lease had been lost while held (the bug before
+    these tests)."""
+    return None
+
+
+async def test_a_lease_lost_while_held_kills_loss_hidden_by_outage(
+    redis_url: str,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Lease, "unreleased", _outage_hides_the_loss)
+    proxy = fault_proxy(redis_url)
+    lock = _lost_lock(proxy, clients)
+    await warm_up(lock)
+    lease = await lock.acquire(timeout=5)
+    await _cut_off_until_lost(redis_url, proxy, clients, lease)
+    with pytest.raises(RedisUnavailable):
+        await lock.release(lease)
+
+
+async def test_a_lease_that_ran_out_only_after_its_release_was_asked_is_not_called_lost(
+    redis_url: str, fault_proxy: FaultProxyFactory, clients: Callable[..., AsyncRedis]
+) -> None:
+    """The block ended in time; that the release could not say so before the
+    lease ran out is an outage, not an overlap during the hold."""
+    proxy = fault_proxy(redis_url)
+    lock = _lost_lock(proxy, clients)
+    await warm_up(lock)
+    lease = await lock.acquire(timeout=5)
+    proxy.max_connections = 0
+    proxy.reset()
+    with pytest.raises(RedisUnavailable):
+        await lock.release(lease)
+    await until(lambda: lease.lost, "the lease run out", 10)
+    with pytest.raises(RedisUnavailable) as again:
+        await lock.release(lease)
+    assert not isinstance(again.value, LeaseLost)
