@@ -301,7 +301,7 @@ def fifo_locked(
             ``fifo_lock_lease_ms`` / ``fifo_lock_poll_ms`` / ``fifo_lock_max_hold_ms``
             for this task; None (default) uses the app's (see
             ``fifolock_celery.settings``).
-        replicas: override (int, 0 or more) of the app's ``fifo_lock_replicas``:
+        replicas: override (int, 0 to 1000) of the app's ``fifo_lock_replicas``:
             how many replicas must acknowledge each grant and renewal (for
             Sentinel set-ups; not on Redis Cluster). None (default) uses the
             app's.
@@ -318,7 +318,7 @@ def fifo_locked(
             positional ``{}`` field, a name that can never be valid, an unknown
             ``policy``, a bad ``timeout`` or ``countdown``, ``timeout=None``
             with ``retry`` or ``skip``, a timing option that is not a positive
-            int, or ``replicas`` that is not an int of 0 or more.
+            int, or ``replicas`` that is not an int of 0 to 1000.
         TypeError: applied on top of ``@app.task`` or to an ``async def``, or
             an option that is not a lock option.
 

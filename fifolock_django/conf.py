@@ -76,7 +76,7 @@ def fifolock_settings() -> FifoLockConfig:
             the setting is not a dict, has an unknown key, or holds a value the
             core refuses (not a positive int of milliseconds, ``POLL_MS`` more
             than half of ``LEASE_MS``, ``MAX_HOLD_MS`` under ``LEASE_MS``,
-            ``REPLICAS`` not an int of 0 or more, ``REPLICA_WAIT_MS`` more than
+            ``REPLICAS`` not an int of 0 to 1000, ``REPLICA_WAIT_MS`` more than
             a third of ``LEASE_MS``).
     """
     given = getattr(settings, SETTING, None)

@@ -35,6 +35,10 @@ KEEP_FLOOR_MS = 10_000
 """Shortest time, in milliseconds, an idle lock name's keys and the record of a
 finished request are kept (see ``LockSettings.keep_ms``)."""
 
+MAX_REPLICAS = 1000
+"""Most ``replicas`` accepted: far more than any primary has. (A larger number
+could never be acknowledged, and Redis refuses one beyond a 64-bit integer.)"""
+
 MAX_REPLICA_WAIT_MS = 1000
 """Longest default ``replica_wait_ms``, in milliseconds (see ``LockSettings``)."""
 
@@ -150,7 +154,7 @@ Spelling = Callable[[str], str]
 def check_option(option: str, value: object, spelled: str | None = None) -> int:
     """Return ``value`` if it can be the lock option ``option`` on its own: a
     positive int of milliseconds (at most ``MAX_MS``), or for ``replicas`` an
-    int of 0 or more. The rules between options are ``LockSettings``'.
+    int of 0 or more (at most ``MAX_REPLICAS``). The rules between options are ``LockSettings``'.
 
     Args:
         option: one of ``LOCK_OPTIONS``.
@@ -169,6 +173,11 @@ def check_option(option: str, value: object, spelled: str | None = None) -> int:
             )
         if value < 0:
             raise ValueError(f"{setting} must be 0 or more, got {value}")
+        if value > MAX_REPLICAS:
+            raise ValueError(
+                f"{setting} must be at most {MAX_REPLICAS}, got {shown_value(value)}: it "
+                "counts the replicas that must have each grant"
+            )
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(
@@ -260,7 +269,7 @@ class LockSettings:
             survive a failover to a replica that acknowledged it; a grant that
             is not acknowledged in time is given back and ``acquire`` raises
             ``NotReplicated``, and a renewal that is not acknowledged counts as
-            failed. Not supported on Redis Cluster.
+            failed. Not supported on Redis Cluster. At most ``MAX_REPLICAS``.
         replica_wait_ms: how long (int, milliseconds) each grant or renewal
             waits for the ``replicas`` acknowledgements (the ``WAIT`` timeout).
             At most ``lease_ms / 3``, the renewal interval. Default None: a

@@ -28,6 +28,7 @@ from redis_fifo_lock import (
     SyncFifoLock,
 )
 from redis_fifo_lock.protocol import PROTOCOL, LockKeys
+from redis_fifo_lock.settings import MAX_REPLICAS
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
 from tests.support.polling import until, until_sync
 
@@ -81,6 +82,10 @@ def test_the_setting_is_validated_with_its_name_and_unit() -> None:
         LockSettings(replicas=-1)
     with pytest.raises(ValueError, match=r"replicas must be a whole number \(int\)"):
         LockSettings(replicas=True)
+    for huge in (MAX_REPLICAS + 1, 2**63, 10**30):
+        with pytest.raises(ValueError, match=f"replicas must be at most {MAX_REPLICAS}"):
+            LockSettings(replicas=huge)
+    assert LockSettings(replicas=MAX_REPLICAS).replicas == MAX_REPLICAS
     with pytest.raises(ValueError, match="replica_wait_ms must be a whole number of milli"):
         LockSettings(replicas=1, replica_wait_ms=0.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"replica_wait_ms \(1001\) must be at most a third"):

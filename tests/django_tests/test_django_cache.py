@@ -704,6 +704,7 @@ def test_pytest_django_s_settings_fixture_changes_the_lock_settings(
         ),
         ({"MAX_HOLD_MS": True}, "FIFOLOCK['MAX_HOLD_MS'] must be a whole number"),
         ({"REPLICAS": -1}, "FIFOLOCK['REPLICAS'] must be 0 or more, got -1"),
+        ({"REPLICAS": 2**63}, "FIFOLOCK['REPLICAS'] must be at most 1000, got 922337"),
         ({"REPLICAS": 1.0}, "FIFOLOCK['REPLICAS'] must be a whole number (int), got float"),
         (
             {"LEASE_MS": 600, "POLL_MS": 100, "REPLICA_WAIT_MS": 300},
