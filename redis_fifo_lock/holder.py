@@ -20,8 +20,10 @@ import os
 import socket
 import unicodedata
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+
+from .settings import shown_value
 
 MAX_HOLDER_BYTES = 256
 """Longest description recorded for a holder, in bytes of UTF-8."""
@@ -51,16 +53,28 @@ def bounded(text: str, limit: int = MAX_HOLDER_BYTES) -> str:
     return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
-@contextmanager
-def describing(caller: str) -> Iterator[None]:
+def describing(caller: str) -> AbstractContextManager[None]:
     """Describe the caller as ``caller`` (str, e.g. ``"celery task bill[1f2e...]"``)
     to every lock acquired in this block (in this thread or task, and the tasks
     it starts); an inner block replaces an outer one's description.
 
     The description is shown to onlookers only (``LockStatus.holder``); it is
     bounded and cleaned like every description (see ``bounded``).
+
+    Raises:
+        TypeError: ``caller`` is not a ``str`` (when called, before the block).
     """
-    token = _caller.set(bounded(caller))
+    if not isinstance(caller, str):
+        raise TypeError(
+            f"describing() takes a str describing the caller, got {type(caller).__name__}: "
+            f"{shown_value(caller)}"
+        )
+    return _described(bounded(caller))
+
+
+@contextmanager
+def _described(description: str) -> Iterator[None]:
+    token = _caller.set(description)
     try:
         yield
     finally:

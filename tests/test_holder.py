@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
 from redis_fifo_lock import FifoLock, Lease, SyncFifoLock, describing
@@ -27,6 +28,12 @@ def test_a_description_loses_control_characters_and_is_cut_to_256_bytes() -> Non
     long = bounded("é" * 300)
     assert len(long.encode()) <= MAX_HOLDER_BYTES == 256
     assert long.endswith("...") and long.startswith("ééé")
+
+
+def test_a_description_that_is_not_text_is_refused_when_the_block_is_made() -> None:
+    for caller in (123, None, b"bytes"):
+        with pytest.raises(TypeError, match=r"describing\(\) takes a str"):
+            describing(caller)  # type: ignore[arg-type]
 
 
 def test_a_description_cannot_forge_lines_with_unicode_line_separators() -> None:
