@@ -109,15 +109,23 @@ def check_timeout(timeout: object) -> float | None:
     """Return ``timeout`` (seconds) as a float, or None to wait forever.
 
     Raises:
-        ValueError: for negative, NaN, bool or non-numeric timeouts.
+        ValueError: for negative, NaN, bool or non-numeric timeouts, and for an
+            int too large for a float (pass None to wait for ever).
     """
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ValueError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be a number of seconds or None, got {shown_value(timeout)}")
+    try:
+        seconds = float(timeout)
+    except OverflowError:
+        raise ValueError(
+            f"timeout {shown_value(timeout)} is too large a number of seconds; pass None "
+            "to wait for ever"
+        ) from None
+    if math.isnan(seconds) or seconds < 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-    return float(timeout)
+    return seconds
 
 
 def check_token(token: object) -> str:
@@ -145,10 +153,17 @@ def lock_settings(
     ``LockSettings()``) with the keyword ``options`` applied (see ``LockSettings.merged``).
 
     Raises:
-        TypeError: an option that is not a lock option.
+        TypeError: an option that is not a lock option, or ``settings`` that is
+            not a ``LockSettings``.
         ValueError: naming the lock and the option, for a bad value, or for
             ``replicas`` on Redis Cluster.
     """
+    if settings is not None and not isinstance(settings, LockSettings):
+        raise TypeError(
+            f"FIFO lock {name!r}: settings must be a LockSettings, got "
+            f"{type(settings).__name__}; pass single options as keywords instead "
+            "(lease_ms=..., poll_ms=...)"
+        )
     if isinstance(client, redis.asyncio.RedisCluster):
         cluster: str | None = "a RedisCluster client"
     elif isinstance(client, LoopClients) and client.is_cluster:

@@ -452,13 +452,19 @@ def test_settings_once_hashed_still_merge_pickle_and_compare_by_their_options() 
 
 async def test_bad_timeouts_and_tokens_raise_before_any_io(aredis: Redis) -> None:
     lock = fast_lock(aredis)
-    for timeout in (-1, float("nan"), True, "5"):
+    for timeout in (-1, float("nan"), True, "5", 10**400):
         with pytest.raises(ValueError, match="timeout"):
             await lock.acquire(timeout=timeout)  # type: ignore[arg-type]
     for token in ("", "has space", "x" * 200):
         with pytest.raises(ValueError, match="token"):
             await lock.acquire(token=token)
     assert await aredis.keys("*") == []
+
+
+def test_settings_that_are_not_lock_settings_are_refused_with_a_hint() -> None:
+    with pytest.raises(TypeError, match=r"settings must be a LockSettings.*lease_ms=") as caught:
+        FifoLock(Redis(), "jobs", settings={"lease_ms": 5000})  # type: ignore[arg-type]
+    assert "'jobs'" in str(caught.value) and "dict" in str(caught.value)
 
 
 def test_a_sync_client_is_refused_with_a_hint() -> None:
