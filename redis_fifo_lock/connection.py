@@ -114,9 +114,10 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
 
     Raises:
         TypeError: ``url`` is not a ``str``.
-        ValueError: its scheme is not one of ``schemes``, or redis-py cannot
+        ValueError: its scheme is not one of ``schemes``, redis-py cannot
             parse it (a port that is not a number, a database that is not an
-            integer...); the message shows the URL with its password masked.
+            integer...), or a ``unix://`` URL has no socket path; the message
+            shows the URL with its password masked.
     """
     if not isinstance(url, str):
         raise TypeError(f"{argument} must be a str (a Redis URL), got {type(url).__name__}")
@@ -131,12 +132,17 @@ def check_url(url: object, argument: str, schemes: tuple[str, ...] = SCHEMES) ->
     if scheme in SCHEMES:
         try:
             # redis-py's own parser (untyped), given the scheme in lower case as it wants.
-            parse_url(scheme + url[len(scheme) :])  # type: ignore[no-untyped-call]
+            parsed = parse_url(scheme + url[len(scheme) :])  # type: ignore[no-untyped-call]
         except ValueError as exc:
             raise ValueError(
                 f"{argument} {masked_url(url)!r} is not a URL the lock can connect with: "
                 f"{_unsecret(str(exc), url, {})[:SHOWN_URL_CHARS]}"
             ) from None
+        if scheme == "unix" and not parsed.get("path"):
+            raise ValueError(
+                f"{argument} {masked_url(url)!r} is not a URL the lock can connect with: a "
+                "unix:// URL must give the socket's path (for example unix:///run/redis.sock)"
+            )
     return url
 
 

@@ -44,6 +44,8 @@ def test_an_unsupported_url_is_refused_when_the_lock_is_built(url: str) -> None:
         ("redis://u:s3cret@h:99999/0", "Port out of range"),
         ("redis://u:s3cret@[::1/0", "Invalid IPv6 URL"),
         ("redis://u:s3cret@h:6379/0?db=x", "Invalid value for .db."),
+        ("unix://", "must give the socket's path"),
+        ("unix://:s3cret@?db=2", "must give the socket's path"),
     ],
 )
 def test_a_malformed_url_is_refused_when_the_lock_is_built_naming_the_setting(
