@@ -232,3 +232,13 @@ def test_a_key_prefix_that_cannot_prefix_lock_keys_is_a_short_command_error(
     message = str(caught.value)
     assert message.startswith(f"fifolock {action[0]}: "), message
     assert "\n" not in message and len(message) < 600, message
+
+
+@pytest.mark.parametrize("fence", ["0", "-5", "x"])
+def test_release_with_a_fence_that_is_not_a_positive_int_is_a_one_line_command_error(
+    counter_cache: Any, fence: str
+) -> None:
+    with pytest.raises(CommandError, match="--fence") as caught:
+        call_command("fifolock", "release", "--force", "stuck", "--fence", fence)
+    message = str(caught.value)
+    assert "positive" in message and "\n" not in message, message

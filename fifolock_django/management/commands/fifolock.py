@@ -110,6 +110,23 @@ def _lock_arguments(parser: CommandParser) -> None:
     )
 
 
+def _fence(text: str) -> int:
+    """``--fence``: a positive int, as fences are (argparse words the error).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a positive int.
+    """
+    try:
+        fence = int(text)
+    except ValueError:
+        fence = 0
+    if fence < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive int (a fence, as shown by fifolock status), got {_short(text)!r}"
+        )
+    return fence
+
+
 def _where(cache: SupportsFifoLock, alias: str | None) -> str:
     """Which cache and server, for error messages (passwords never shown)."""
     name = f"cache {alias!r}" if alias else "FIFOLOCK['CACHE']"
@@ -211,7 +228,7 @@ class Command(BaseCommand):
         )
         release.add_argument(
             "--fence",
-            type=int,
+            type=_fence,
             default=None,
             metavar="N",
             help="evict only the grant with this fence (as shown by status)",
