@@ -18,17 +18,18 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
 
 from redis_fifo_lock import LockError, LockTimeout, describing
 from redis_fifo_lock.lock import check_timeout
 from redis_fifo_lock.settings import check_name
 
-from .lock import CacheFifoLock, lock_cache
+from .lock import CacheFifoLock, FifoLockMixin, SupportsFifoLock, lock_cache
 
 Handle = TypeVar("Handle", bound=Callable[..., Any])
 
@@ -64,7 +65,10 @@ def fifo_locked_command(
 
     When the command runs, a ``LockTimeout`` becomes ``CommandError`` (exit
     status 1) naming the lock, the wait in seconds and the holder's fence;
-    ``RedisUnavailable`` and ``LeaseLost`` propagate unchanged.
+    ``RedisUnavailable`` (taking or releasing the lock) and ``LeaseLost`` (at
+    the release) become a one-line ``CommandError`` naming the lock, the cache
+    and server and what to check (see ``redis_errors``). An error raised by
+    ``handle`` itself propagates unchanged.
     """
     check_name(name)
     check_timeout(timeout)
@@ -156,16 +160,69 @@ class LockedHandle:
         return functools.partial(self, command)
 
     def __call__(self, command: BaseCommand, *args: Any, **options: Any) -> Any:
+        """Run ``handle`` holding the lock (see ``fifo_locked_command``).
+
+        Raises:
+            CommandError: the wait ran out, Redis failed taking or releasing
+                the lock, or the lease was lost by the release (one line).
+        """
         timeout = lock_timeout_option(options, self.timeout)
-        lock = lock_cache(self.cache).fifo_lock(self.name, timeout, name_template=self.name)
-        with ExitStack() as stack:
+        cache = lock_cache(self.cache)
+        lock = cache.fifo_lock(self.name, timeout, name_template=self.name)
+        where = cache_where(cache, self.cache)
+        with redis_errors(where):
             try:
                 with describing(f"manage.py {command_name(command)}"):
-                    lease = stack.enter_context(lock)
+                    lease = lock.__enter__()
             except LockTimeout as exc:
                 raise CommandError(busy_message(self.name, lock, exc)) from exc
-            command.fifo_lease = lease  # type: ignore[attr-defined]
-            return self.handle(command, *args, **options)
+        command.fifo_lease = lease  # type: ignore[attr-defined]
+        try:
+            result = self.handle(command, *args, **options)
+        except BaseException as error:
+            # The lock's exit releases, attaches a failed release to the
+            # error, and lets the error propagate as it is.
+            lock.__exit__(type(error), error, error.__traceback__)
+            raise
+        with redis_errors(where):
+            lock.__exit__(None, None, None)
+        return result
+
+
+def cache_where(cache: SupportsFifoLock, alias: str | None) -> str:
+    """Which cache (``alias``, None for ``FIFOLOCK['CACHE']``) and server, for
+    error messages (passwords never shown)."""
+    name = f"cache {alias!r}" if alias else "FIFOLOCK['CACHE']"
+    if isinstance(cache, FifoLockMixin):
+        return f"{name} at {cache.fifo_lock_connection().describe()}"
+    return name
+
+
+@contextmanager
+def redis_errors(where: str) -> Iterator[None]:
+    """Turn a lock's ``LockError`` (``RedisUnavailable``, ``LeaseLost``...) or a
+    redis-py error raised in the block into a one-line ``CommandError`` naming
+    ``where`` (str: the cache and server, see ``cache_where``) and what to check.
+
+    Raises:
+        CommandError: in place of those errors.
+    """
+    try:
+        yield
+    except LockError as exc:
+        raise CommandError(one_line(f"{exc} ({where})")) from exc
+    except RedisError as exc:
+        raise CommandError(
+            one_line(
+                f"Redis failed ({where}): {type(exc).__name__}: {exc}; check that the "
+                "server is running and reachable, and the cache's LOCATION and credentials"
+            )
+        ) from exc
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines too) made one space."""
+    return " ".join(text.split())
 
 
 def command_name(command: BaseCommand) -> str:

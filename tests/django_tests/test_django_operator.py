@@ -20,7 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 from django_app import settings as project
-from django_app.testing import finish, manage, wait_until
+from django_app.testing import finish, manage, wait_entered, wait_until
 from redis import Redis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients
@@ -187,6 +187,50 @@ def test_redis_down_is_a_one_line_command_error_saying_what_to_check(
     assert err.startswith("CommandError: ")
     assert "check that the server is reachable" in err or "check that the server is running" in err
     assert dead.rsplit("/", 1)[0].removeprefix("redis://") in err
+
+
+def _dead_url() -> str:
+    """A Redis URL on a port nobody listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [["locked_job", "me"], ["fifolock", "run", "nightly-job", "--", "locked_job", "me"]],
+    ids=["decorated", "run-of-decorated"],
+)
+def test_redis_down_under_a_decorated_command_is_a_one_line_command_error(
+    line: list[str],
+) -> None:
+    dead = _dead_url()
+    code, out, err = finish(manage(dead, *line))
+
+    # Around it the core may log one warning line (its queued request could
+    # not be withdrawn yet); never a traceback.
+    lines = err.strip().splitlines()
+    [last] = [line for line in lines if line.startswith("CommandError: ")]
+    assert (code, out) == (1, ""), err
+    assert all("could not withdraw request" in line for line in lines if line != last), err
+    assert last.startswith("CommandError: FIFO lock 'tests:3:nightly-job'"), err
+    assert "check that the server is reachable" in last, err
+    assert dead.rsplit("/", 1)[0].removeprefix("redis://") in last, err
+
+
+def test_a_decorated_command_whose_lease_was_lost_ends_with_a_one_line_command_error(
+    redis_url: str, redis: Redis
+) -> None:
+    job = manage(redis_url, "locked_job", "me", "--hold-until", "go")
+    wait_entered(redis, "me")
+    call_command("fifolock", "release", "--force", "nightly-job")
+    redis.rpush("go", "1")
+    code, out, err = finish(job)
+
+    assert (code, out.split()[:3]) == (1, ["me", "held", "fence"]), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("CommandError: "), err
+    assert "'tests:3:nightly-job'" in err, err
 
 
 BAD_NAMES = ["{x}", "esc\x1bape", "", "n" * 3000]

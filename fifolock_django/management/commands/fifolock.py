@@ -57,13 +57,20 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import RedisError
 
-from redis_fifo_lock import LockError, LockStatus, LockTimeout, LockUsageError, describing
+from redis_fifo_lock import LockStatus, LockTimeout, LockUsageError, describing
 from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.settings import shown_value
 
-from ...commands import LockedHandle, add_lock_arguments, busy_message, lock_timeout_option
+from ...commands import (
+    LockedHandle,
+    add_lock_arguments,
+    busy_message,
+    cache_where,
+    lock_timeout_option,
+    one_line,
+    redis_errors,
+)
 from ...conf import fifolock_settings
 from ...lock import CacheFifoLock, FifoLockMixin, SupportsFifoLock, lock_cache, namespace_of
 
@@ -127,39 +134,9 @@ def _fence(text: str) -> int:
     return fence
 
 
-def _where(cache: SupportsFifoLock, alias: str | None) -> str:
-    """Which cache and server, for error messages (passwords never shown)."""
-    name = f"cache {alias!r}" if alias else "FIFOLOCK['CACHE']"
-    if isinstance(cache, FifoLockMixin):
-        return f"{name} at {cache.fifo_lock_connection().describe()}"
-    return name
-
-
-@contextmanager
-def redis_errors(where: str) -> Iterator[None]:
-    """Turn a lock's ``LockError`` (``RedisUnavailable``...) or a redis-py error
-    raised in the block into a one-line ``CommandError`` naming ``where`` (str:
-    the cache and server) and what to check."""
-    try:
-        yield
-    except LockError as exc:
-        raise CommandError(_one_line(f"{exc} ({where})")) from exc
-    except RedisError as exc:
-        raise CommandError(
-            _one_line(
-                f"Redis failed ({where}): {type(exc).__name__}: {exc}; check that the "
-                "server is running and reachable, and the cache's LOCATION and credentials"
-            )
-        ) from exc
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _short(text: str) -> str:
     """``text`` on one line, cut to ``MAX_MESSAGE_CHARS`` characters."""
-    line = _one_line(text)
+    line = one_line(text)
     if len(line) <= MAX_MESSAGE_CHARS:
         return line
     return line[: MAX_MESSAGE_CHARS - 3] + "..."
@@ -262,7 +239,7 @@ class Command(BaseCommand):
         _check_alias(action, options["cache"])
         with input_errors(action):
             cache = lock_cache(options["cache"])
-            where = _where(cache, options["cache"])
+            where = cache_where(cache, options["cache"])
         if action == "list":
             with redis_errors(where):
                 self.list_locks(cache, options)
