@@ -75,6 +75,31 @@ def test_list_shows_every_lock_of_the_namespace_with_holder_fence_and_live_waite
     assert _keys_calls(redis) == calls_before  # SCAN, never KEYS
 
 
+def test_list_shows_the_good_locks_and_skips_each_odd_key_with_a_short_note(
+    counter_cache: Any, redis: Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with counter_cache.fifo_lock("idle"):
+        pass
+    keys = "tests:fifolock:{%s}:counters"
+    # Foreign keys in the lock namespace: names no lock can have, and a key
+    # of the wrong type.
+    for name in ["esc\x1b[31mape", "L" * 100_000, "a{b"]:
+        redis.hset(keys % name, "x", "1")
+    redis.sadd(keys % "tests:3:wrongtype", "x")
+    rows = run_json("list", capsys=capsys)
+    call_command("fifolock", "list")
+    captured = capsys.readouterr()
+
+    assert [row["redis_lock"] for row in rows] == ["tests:3:idle"]
+    assert [line.split()[0] for line in captured.out.splitlines()] == ["lock", "tests:3:idle"]
+    notes = captured.err.splitlines()
+    assert len(notes) == 4, notes
+    assert all(note.startswith("fifolock list: skipped ") for note in notes), notes
+    assert all(len(note) <= 500 for note in notes), notes
+    assert "\x1b" not in captured.err
+    assert any("'tests:3:wrongtype'" in note and "WRONGTYPE" in note for note in notes), notes
+
+
 async def _use_elsewhere(redis_url: str) -> None:
     lock = FifoLock(LoopClients(redis_url), "busy", namespace="another-app")
     await lock.release(await lock.acquire(timeout=5))

@@ -11,6 +11,9 @@
 ``list`` prints one line per lock that has keys in the cache's namespace (held,
 waited for, or used within ``keep_ms``): its name, holder fence, live waiters
 and the holder's description. It walks the keys with ``SCAN``, never ``KEYS``.
+A key there that no lock can have, or of a lock Redis refuses to read (a key
+another program wrote with the wrong type), is skipped with a one-line note on
+stderr.
 
 ``status`` prints whether the lock is held, by whom (the holder's recorded
 description: host, process id, and the task, command or request path), the
@@ -57,8 +60,15 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import NoPermissionError, ResponseError
 
-from redis_fifo_lock import LockStatus, LockTimeout, LockUsageError, describing
+from redis_fifo_lock import (
+    LockStatus,
+    LockTimeout,
+    LockUsageError,
+    RedisUnavailable,
+    describing,
+)
 from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.settings import shown_value
 
@@ -262,6 +272,11 @@ class Command(BaseCommand):
         """Print every lock with keys in the cache's namespace, one line each
         (or a JSON list of ``status --json`` objects with ``--json``).
 
+        A key of the namespace that no lock can have (an invalid lock name),
+        or a lock whose keys Redis refuses to read as a lock's (another
+        program wrote a key of the wrong type), is skipped with a one-line
+        note on stderr of at most ``MAX_MESSAGE_CHARS`` characters.
+
         Raises:
             LockError, RedisError: Redis failed (``handle`` words them).
             CommandError: the cache is not built on ``FifoLockMixin``, or its
@@ -278,8 +293,16 @@ class Command(BaseCommand):
         settings = fifolock_settings().lock
         rows = []
         for redis_name in lock_names_sync(clients, namespace):
-            lock = CacheFifoLock(clients, redis_name, None, settings, namespace)
-            rows.append(status_fields(redis_name, options["cache"], lock.status()))
+            try:
+                lock = CacheFifoLock(clients, redis_name, None, settings, namespace)
+                rows.append(status_fields(redis_name, options["cache"], lock.status()))
+            except ValueError as exc:
+                # A foreign key in the namespace, named like no lock can be.
+                self.stderr.write(_short(f"fifolock list: skipped a key of no lock: {exc}"))
+            except RedisUnavailable as exc:
+                if not _refused_for_this_lock(exc):
+                    raise
+                self.stderr.write(_short(f"fifolock list: skipped {exc}"))
         if options["json"]:
             self.stdout.write(json.dumps(rows))
             return
@@ -381,6 +404,13 @@ class Command(BaseCommand):
         finally:
             with redis_errors(where):
                 lock.release(lease)
+
+
+def _refused_for_this_lock(exc: RedisUnavailable) -> bool:
+    """Whether Redis answered but refused a script for this one lock (a key of
+    the wrong type, say), as opposed to being out of reach or refusing the
+    lock user a command (an ACL ``NOPERM``), which every lock would meet."""
+    return isinstance(exc.cause, ResponseError) and not isinstance(exc.cause, NoPermissionError)
 
 
 def _takes_itself(command: BaseCommand, lock: CacheFifoLock) -> bool:
