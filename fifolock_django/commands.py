@@ -23,9 +23,10 @@ from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 
 from redis_fifo_lock import LockError, LockTimeout, describing
+from redis_fifo_lock.acl import refusal
 from redis_fifo_lock.lock import check_timeout
 from redis_fifo_lock.settings import check_name
 
@@ -202,7 +203,8 @@ def cache_where(cache: SupportsFifoLock, alias: str | None) -> str:
 def redis_errors(where: str) -> Iterator[None]:
     """Turn a lock's ``LockError`` (``RedisUnavailable``, ``LeaseLost``...) or a
     redis-py error raised in the block into a one-line ``CommandError`` naming
-    ``where`` (str: the cache and server, see ``cache_where``) and what to check.
+    ``where`` (str: the cache and server, see ``cache_where``) and what to check:
+    for an ACL refusal (``NOPERM``), the command refused and the rule to add.
 
     Raises:
         CommandError: in place of those errors.
@@ -211,6 +213,14 @@ def redis_errors(where: str) -> Iterator[None]:
         yield
     except LockError as exc:
         raise CommandError(one_line(f"{exc} ({where})")) from exc
+    except NoPermissionError as exc:
+        refused = refusal(str(exc)) or str(exc)
+        raise CommandError(
+            one_line(
+                f"Redis's ACL refused a command ({where}): {refused}; the rules a lock "
+                "user needs are in Running with least privilege (docs/security.md)"
+            )
+        ) from exc
     except RedisError as exc:
         raise CommandError(
             one_line(

@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.core.management import call_command
@@ -23,7 +24,7 @@ from django_app import settings as project
 from django_app.testing import finish, manage, wait_entered, wait_until
 from redis import Redis
 
-from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients, acl_rules
 from redis_fifo_lock.portal import portal
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -212,6 +213,30 @@ def test_redis_down_is_a_one_line_command_error_saying_what_to_check(
     assert err.startswith("CommandError: ")
     assert "check that the server is reachable" in err or "check that the server is running" in err
     assert dead.rsplit("/", 1)[0].removeprefix("redis://") in err
+
+
+def test_list_as_a_user_the_acl_refuses_scan_says_to_add_scan(redis_url: str, redis: Redis) -> None:
+    # Exactly the lock's rules, which do not include SCAN.
+    rules = acl_rules("tests", database=True)
+    redis.execute_command(
+        "ACL", "SETUSER", "noscan", "reset", "resetchannels", "on", ">pw-x", *rules
+    )
+    parts = urlsplit(redis_url)
+    url = urlunsplit(parts._replace(netloc=f"noscan:pw-x@{parts.hostname}:{parts.port}"))
+    try:
+        with (
+            override_settings(CACHES=project.caches_for(url)),
+            pytest.raises(CommandError) as caught,
+        ):
+            call_command("fifolock", "list")
+    finally:
+        redis.acl_deluser("noscan")
+    message = str(caught.value)
+
+    assert "ACL" in message and "'scan'" in message and "+scan" in message, message
+    assert "docs/security.md" in message, message
+    assert "LOCATION" not in message and "pw-x" not in message, message
+    assert "\n" not in message, message
 
 
 def _dead_url() -> str:
