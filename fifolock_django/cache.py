@@ -179,11 +179,13 @@ def _base_kwargs(options: dict[str, Any], setting: str = "OPTIONS") -> dict[str,
         ("SOCKET_TIMEOUT", "socket_timeout"),
         ("SOCKET_CONNECT_TIMEOUT", "socket_connect_timeout"),
     ):
-        if options.get(option):  # django-redis ignores a false value too
-            if kwarg.startswith("socket_"):
-                check_seconds(f"{setting}[{option!r}]", options[option])
-            if kwargs.get(kwarg) is None:
-                kwargs[kwarg] = options[option]
+        value = options.get(option)
+        if kwarg.startswith("socket_") and value is not None:
+            # django-redis takes 0 or False for no timeout; as everywhere
+            # else, the lock wants None for that.
+            check_seconds(f"{setting}[{option!r}]", value)
+        if value and kwargs.get(kwarg) is None:  # django-redis ignores a false value
+            kwargs[kwarg] = value
     return kwargs
 
 

@@ -207,6 +207,10 @@ def test_manage_py_check_deploy_fails_on_an_evicting_server(
     ("backend", "options", "option"),
     [
         ("django-redis", {"SOCKET_TIMEOUT": "5"}, "['OPTIONS']['SOCKET_TIMEOUT']"),
+        # django-redis takes a false value for no timeout; the lock refuses it.
+        ("django-redis", {"SOCKET_TIMEOUT": 0}, "['OPTIONS']['SOCKET_TIMEOUT']"),
+        ("django-redis", {"SOCKET_TIMEOUT": False}, "['OPTIONS']['SOCKET_TIMEOUT']"),
+        ("django-redis", {"SOCKET_CONNECT_TIMEOUT": 0}, "['OPTIONS']['SOCKET_CONNECT_TIMEOUT']"),
         (
             "django-redis",
             {"CONNECTION_POOL_KWARGS": {"socket_timeout": "abc"}},
@@ -214,6 +218,7 @@ def test_manage_py_check_deploy_fails_on_an_evicting_server(
         ),
         ("builtin", {"socket_timeout": "5"}, "['OPTIONS']['socket_timeout']"),
         ("builtin", {"socket_connect_timeout": -1}, "['OPTIONS']['socket_connect_timeout']"),
+        ("builtin", {"socket_timeout": 0}, "['OPTIONS']['socket_timeout']"),
     ],
 )
 def test_a_socket_timeout_that_is_no_number_of_seconds_fails_the_checks(
