@@ -104,3 +104,17 @@ def test_fifolock_run_over_a_command_taking_the_lock_in_its_body_refuses_at_once
     assert message.startswith("cache_locked_job takes FIFO lock 'body' itself")
     assert "already held (fence " in message
     assert not counter_cache.fifo_lock("body").status().held
+
+
+def test_fifolock_run_over_a_command_taking_the_lock_in_its_body_with_a_timeout_says_so(
+    counter_cache: Any,
+) -> None:
+    with pytest.raises(CommandError) as info:
+        call_command(
+            "fifolock", "run", "body", "--", "cache_locked_job", "body", "--timeout", "0.3"
+        )
+
+    message = str(info.value)
+    assert message.startswith("cache_locked_job takes FIFO lock 'body' itself"), message
+    assert "waited 0.3" in message and "\n" not in message, message
+    assert not counter_cache.fifo_lock("body").status().held

@@ -33,10 +33,11 @@ with fence N, so a lock that changed hands since you looked is left alone.
 existing management command is serialised across hosts without editing it. A
 COMMAND whose ``handle`` is decorated with ``@fifo_locked_command`` for the
 same lock takes the lock itself: it is run without taking it twice (which would
-wait for itself for ever); one that takes it in its body is refused at once
-with a ``CommandError`` saying so. A wait that runs out exits with status 1 and a
-message naming the holder's fence; the command's own failure keeps its own exit
-status.
+wait for itself for ever); one that takes it in its body is refused with a
+``CommandError`` saying so: at once, or, if it asks with a timeout, when that
+timeout has run out (the core lets a timed request wait, see ``reentry``). A
+wait that runs out exits with status 1 and a message naming the holder's fence;
+the command's own failure keeps its own exit status.
 
 Django's common options (``--settings``, ``--pythonpath``, ``-v``/
 ``--verbosity``, ``--traceback``, ``--no-color``, ``--force-color``) are
@@ -363,8 +364,9 @@ class Command(BaseCommand):
         Raises:
             CommandError: unknown COMMAND (before any waiting), the wait ran out
                 (naming the holder's fence), Redis failed, the lease was lost
-                while the command ran, the command took the same lock itself, or
-                the command's own error.
+                while the command ran, the command took the same lock itself
+                (at once without a timeout; when its timeout ran out with one),
+                or the command's own error.
         """
         name: str = options["command"]
         args: list[str] = list(options["command_args"])
@@ -400,6 +402,16 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{name} takes FIFO lock {options['name']!r} itself, and fifolock run "
                 f"already holds it; run it without fifolock run ({exc.message})"
+            ) from exc
+        except LockTimeout as exc:
+            if exc.name != lock.name:
+                raise
+            # It took the lock with a timeout: the core lets such a request
+            # wait (see reentry), here for this very run, until it ran out.
+            raise CommandError(
+                f"{name} takes FIFO lock {options['name']!r} itself, and fifolock run "
+                f"already holds it: it waited {exc.waited:.2f} s for itself until its "
+                "timeout ran out; run it without fifolock run"
             ) from exc
         finally:
             with redis_errors(where):

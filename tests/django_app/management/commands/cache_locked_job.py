@@ -1,4 +1,5 @@
-"""``cache_locked_job NAME``: a command that takes ``cache.fifo_lock(NAME)`` in its body.
+"""``cache_locked_job NAME [--timeout SECONDS]``: a command that takes
+``cache.fifo_lock(NAME)`` in its body (waiting at most SECONDS).
 
 It has no ``@fifo_locked_command``, so ``fifolock run NAME -- cache_locked_job
 NAME`` cannot see beforehand that it takes the lock ``run`` holds.
@@ -18,7 +19,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
+        parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with cache.fifo_lock(options["name"]) as lease:
+        with cache.fifo_lock(options["name"], timeout=options["timeout"]) as lease:
             self.stdout.write(f"held fence {lease.fence}")
