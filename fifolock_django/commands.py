@@ -176,7 +176,7 @@ class LockedHandle:
                 with describing(f"manage.py {command_name(command)}"):
                     lease = lock.__enter__()
             except LockTimeout as exc:
-                raise CommandError(busy_message(self.name, lock, exc)) from exc
+                raise CommandError(busy_message(self.name, lock, exc, where)) from exc
         command.fifo_lease = lease  # type: ignore[attr-defined]
         try:
             result = self.handle(command, *args, **options)
@@ -250,9 +250,11 @@ def lock_timeout_option(options: dict[str, Any], default: float | None) -> float
     return default if given is None else given
 
 
-def busy_message(name: str, lock: CacheFifoLock, exc: LockTimeout) -> str:
+def busy_message(name: str, lock: CacheFifoLock, exc: LockTimeout, where: str) -> str:
     """The ``CommandError`` text for a timed-out wait on ``lock`` (called ``name``
-    by the command): the lock, the wait in seconds and the holder's fence."""
+    by the command): the lock, the wait in seconds and the holder's fence; or,
+    when Redis answered neither the wait nor a question about the holder, that
+    Redis did not answer, ``where`` (str, see ``cache_where``) and what to check."""
     fence = exc.holder_fence
     if fence is None:
         # With a zero timeout the wait can end before this process has polled,
@@ -260,7 +262,13 @@ def busy_message(name: str, lock: CacheFifoLock, exc: LockTimeout) -> str:
         try:
             fence = lock.sync_lock().status().holder_fence
         except LockError:
-            fence = None
+            # No busy lock: Redis did not answer (frozen, or overloaded).
+            return (
+                f"FIFO lock {name!r} (Redis lock {lock.name!r}) was not acquired within "
+                f"{lock.timeout or 0:g} s: Redis did not answer ({where}), neither while "
+                "waiting nor when asked who held the lock after it; check that the server "
+                "is running, reachable and not overloaded, then run again"
+            )
     holder = "nobody held it when the wait ended" if fence is None else f"held by fence {fence}"
     return (
         f"FIFO lock {name!r} (Redis lock {lock.name!r}) is busy: not acquired "

@@ -26,6 +26,7 @@ from redis import Redis
 
 from redis_fifo_lock import FifoLock, Lease, LeaseLost, LoopClients, acl_rules
 from redis_fifo_lock.portal import portal
+from redis_fifo_lock.testing import PrivateRedisFactory
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -237,6 +238,26 @@ def test_list_as_a_user_the_acl_refuses_scan_says_to_add_scan(redis_url: str, re
     assert "docs/security.md" in message, message
     assert "LOCATION" not in message and "pw-x" not in message, message
     assert "\n" not in message, message
+
+
+def test_run_against_a_frozen_redis_says_redis_did_not_answer_not_that_the_lock_is_busy(
+    fresh_redis_server: PrivateRedisFactory,
+) -> None:
+    server = fresh_redis_server()
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        code, out, err = finish(
+            manage(server.url, "fifolock", "run", "foo", "--lock-timeout", "1", "--", "check")
+        )
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    lines = err.strip().splitlines()
+    [error] = [line for line in lines if line.startswith("CommandError: ")]
+
+    assert (code, out) == (1, ""), err
+    assert "Redis did not answer" in error, err
+    assert "busy" not in error and "--lock-timeout" not in error, err
+    assert f"127.0.0.1:{server.port}" in error, err
 
 
 def _dead_url() -> str:

@@ -389,7 +389,7 @@ class Command(BaseCommand):
                 with describing(f"manage.py fifolock run -- {name}"):
                     lease = lock.acquire()
             except LockTimeout as exc:
-                raise CommandError(busy_message(options["name"], lock, exc)) from exc
+                raise CommandError(busy_message(options["name"], lock, exc, where)) from exc
         try:
             if options["verbosity"] >= 2:
                 self.stderr.write(f"fifolock: {lock.name!r} held with fence {lease.fence}")
