@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
-from . import metrics, reentry
+from . import metrics, reentry, tokens
 from .calls import call_ids
 from .clients import LoopClients
 from .connection import masked_url
@@ -389,8 +389,10 @@ class FifoLock:
                 reach Redis for ``lease_ms`` while the request waited (its place
                 was lost). The request is withdrawn as soon as Redis answers
                 again, unless it is retried with the same ``token`` first.
-            LockUsageError: ``token`` is already waiting in this process, or
-                names a request that already ended (a token names one request);
+            LockUsageError: ``token`` is already in use on this lock in this
+                process (its request waits, or its lease is held, through any
+                client, loop or settings), or names a request that already
+                ended (a token names one request);
                 or, with no ``timeout``, this task already holds the lock or
                 waits for it (locks are not reentrant, and it would wait for
                 itself for ever; see ``reentry``), before anything is sent.
@@ -405,6 +407,20 @@ class FifoLock:
         """
         wait_s = check_timeout(timeout)
         given = None if token is None else check_token(token)
+        use = None if given is None else tokens.take(self.keys, given)
+        try:
+            lease = await self._request(given, wait_s)
+        except BaseException:
+            if use is not None:
+                use.end()
+            raise
+        if use is not None:
+            use.granted(lease)
+        return lease
+
+    async def _request(self, given: str | None, wait_s: float | None) -> Lease:
+        """``acquire``'s request, made with the caller's token ``given`` (None:
+        a fresh one), waiting at most ``wait_s`` seconds (None: no bound)."""
         token = given or secrets.token_hex(16)
         holder = holder_description()
         loop = asyncio.get_running_loop()
@@ -738,6 +754,7 @@ class FifoLock:
             lease.release_failed()
             raise
         lease.mark_released()
+        tokens.released(self.keys, lease)
         call_ids().released(lease)
         metrics.hold_ended(lease, lost=outcome == NOT_HELD or lease.lost_reason is not None)
         hub.leases.pop((self.keys, lease.token), None)

@@ -49,7 +49,7 @@ from .doorbell import (
     drop_ringing_check,
     report_refusal,
 )
-from .errors import ClientDropped, LockUsageError, RedisUnavailable
+from .errors import ClientDropped, RedisUnavailable
 from .eviction import check_eviction_policy, eviction_policies
 from .loops import loop_context
 from .memo import cached_attribute
@@ -268,19 +268,8 @@ class WaitGroup:
         return self.keys.doorbell_of(self.session)
 
     def join(self, token: str) -> Waiter:
-        """Register ``token`` before its acquire is sent, so no ring is missed.
-
-        Raises:
-            LockUsageError: ``token`` is already waiting in this process: one
-                token must name one request at a time.
-        """
-        if token in self.waiters:
-            raise LockUsageError(
-                self.keys.name,
-                f"token {token!r} is already waiting for this lock in this process; a "
-                "token identifies one request: retry with it only after the first "
-                "acquire returned or raised",
-            )
+        """Register ``token`` before its acquire is sent, so no ring is missed
+        (one token waits once in a process: see ``tokens``)."""
         waiter = Waiter(token, asyncio.get_running_loop())
         self.waiters[token] = waiter
         return waiter

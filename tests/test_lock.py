@@ -505,7 +505,7 @@ async def test_one_token_cannot_wait_twice_in_one_process(aredis: Redis) -> None
     holder = await lock.acquire()
     first = asyncio.create_task(lock.acquire(token="twice"))
     await queued(aredis, lock, "twice")
-    with pytest.raises(LockUsageError, match="already waiting"):
+    with pytest.raises(LockUsageError, match="already waits for"):
         await lock.acquire(token="twice")
     await lock.release(holder)
     await lock.release(await first)

@@ -1,0 +1,127 @@
+"""One token, one request, in a process: a second use of a token that waits or
+holds is refused (``redis_fifo_lock.tokens``), through any client, event loop
+or settings.
+
+Before, the check looked only at the waiters of one client's wait group: the
+same token acquired again while its lease was held was handed a second
+``Lease`` for the same grant and fence (both callers inside at once), and one
+waiting through two clients or two ``lease_ms`` queued as one request (an
+outside attack, helper-34).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from redis_fifo_lock import FifoLock, Lease, LockUsageError, SyncFifoLock, tokens
+from redis_fifo_lock.protocol import LockKeys
+from tests.support.polling import until
+
+FAST = {"lease_ms": 2000, "poll_ms": 500}
+
+
+@pytest.fixture
+async def second_client(redis_url: str) -> AsyncIterator[Redis]:
+    """Another client of the same server: another hub, as another library's own."""
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def _queued(client: Redis, lock: FifoLock, token: str) -> bool:
+    return await client.zscore(lock.keys.key("queue"), token) is not None
+
+
+async def test_a_token_whose_lease_is_held_is_refused_before_anything_is_sent(
+    aredis: Redis,
+) -> None:
+    lock = FifoLock(aredis, "token-held", **FAST)
+    first = await lock.acquire(timeout=5, token="job-42")
+    with pytest.raises(LockUsageError, match="'job-42' already holds this lock"):
+        await lock.acquire(timeout=1, token="job-42")
+    assert not first.lost
+    await lock.release(first)
+
+
+async def test_a_token_waiting_through_another_client_or_other_settings_is_refused(
+    aredis: Redis, second_client: Redis
+) -> None:
+    holder = FifoLock(aredis, "token-waits", **FAST)
+    held = await holder.acquire(timeout=5)
+    lock = FifoLock(aredis, "token-waits", **FAST)
+    waiting = asyncio.create_task(lock.acquire(timeout=10, token="job-7"))
+    await until(lambda: _queued(aredis, lock, "job-7"), "job-7 queued")
+    others = [
+        FifoLock(second_client, "token-waits", **FAST),
+        FifoLock(aredis, "token-waits", lease_ms=4000, poll_ms=1000),
+    ]
+    for other in others:
+        with pytest.raises(LockUsageError, match="'job-7' already waits for this lock"):
+            await other.acquire(timeout=1, token="job-7")
+    await holder.release(held)
+    await lock.release(await waiting)
+
+
+def test_a_thread_holding_with_a_token_another_thread_holds_is_refused(redis_url: str) -> None:
+    lock = SyncFifoLock(redis_url, "token-threads", **FAST)
+    inside, tried = threading.Event(), threading.Event()
+    outcomes: list[str] = []
+
+    def first() -> None:
+        with lock.hold(timeout=5, token="job-9"):
+            inside.set()
+            tried.wait(10)
+
+    def second() -> None:
+        inside.wait(10)
+        try:
+            with lock.hold(timeout=1, token="job-9"):
+                outcomes.append("held as well")
+        except LockUsageError as refused:
+            outcomes.append(str(refused))
+        finally:
+            tried.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    assert len(outcomes) == 1 and "already holds this lock" in outcomes[0], outcomes
+
+
+async def test_the_record_of_tokens_ends_with_their_requests_and_leases(aredis: Redis) -> None:
+    lock = FifoLock(aredis, "token-bound", **FAST)
+    before = tokens.in_use()
+    for number in range(50):
+        await lock.release(await lock.acquire(timeout=5, token=f"job-{number}"))
+    held = await lock.acquire(timeout=5, token="held")
+    with pytest.raises(TimeoutError):
+        await lock.acquire(timeout=0.1, token="timed-out")
+    assert tokens.in_use() == before + 1
+    del held  # dropped unreleased: its token is free, its grant ends by itself
+    gc.collect()
+    assert tokens.in_use() == before
+
+
+def _never_refuses(keys: LockKeys, token: str) -> tokens.Use:
+    """MUTANT token-used-twice: a token in use is taken again, as before these
+    tests (only one client's waiters were looked at)."""
+    return tokens.Use(keys, token)
+
+
+async def test_a_held_token_kills_token_used_twice(
+    aredis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tokens, "take", _never_refuses)
+    lock = FifoLock(aredis, "token-mutant", **FAST)
+    first = await lock.acquire(timeout=5, token="job-1")
+    second: Lease = await lock.acquire(timeout=1, token="job-1")
+    assert second.fence == first.fence, "token-used-twice passed"
+    await lock.release(first)
