@@ -385,9 +385,9 @@ class FifoLock:
                 request was withdrawn (or, if Redis does not answer, will be as
                 soon as it does) and no grant is left behind.
             RedisUnavailable: when Redis could not be reached to queue the
-                request; or, with no ``timeout``, once this process could not
-                reach Redis for ``lease_ms`` while the request waited (its place
-                was lost). The request is withdrawn as soon as Redis answers
+                request; or, with no ``timeout``, once its polls failed while
+                ``lease_ms`` passed since the last answered one was sent (its
+                place may be lost). The request is withdrawn as soon as Redis answers
                 again, unless it is retried with the same ``token`` first.
             LockUsageError: ``token`` is already in use on this lock in this
                 process (its request waits, or its lease is held, through any
@@ -606,11 +606,12 @@ class FifoLock:
             waiter.queued(reply.queued_ticket)
             return None
         # Lost its place: its grant expired before this process claimed it, or
-        # the process was presumed dead (it could not poll for a whole lease).
+        # the process was presumed dead (no poll of it answered for a lease).
         log.warning(
             "FIFO lock %r: request %s (ticket %s) lost its place in the queue and "
-            "joins it again at the back: its process could not claim its grant or poll "
-            "for a whole lease (event loop blocked, or Redis unreachable, for that long)",
+            "joins it again at the back: its process could not claim its grant, or no poll "
+            "of it reached Redis for lease_ms (counted from the last one that did, up to "
+            "poll_ms before an outage began; event loop blocked, or Redis unreachable)",
             self.name,
             waiter.token,
             waiter.ticket,
@@ -632,8 +633,9 @@ class FifoLock:
         ``failure``): its place is lost, and an outage is no busy lock."""
         error = RedisUnavailable(
             self.name,
-            f"Redis could not be reached for lease_ms ({self.settings.lease_ms} ms) while "
-            f"this request waited ({failure.reason}), so its place in the queue is lost; "
+            f"Redis could not be reached while this request waited ({failure.reason}), and "
+            f"lease_ms ({self.settings.lease_ms} ms) passed since it last kept this process's "
+            "requests queued, so its place in the queue is lost; "
             "acquire again once Redis answers, or pass a timeout to wait through outages "
             "until it runs out",
             cause=failure.cause,

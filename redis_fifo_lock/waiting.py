@@ -251,10 +251,14 @@ class WaitGroup:
     """``catch_up`` asked for a poll: a ring may have been lost."""
     _poll_failed: bool = False
     """The latest poll failed to reach Redis."""
-    _unanswered_since: float | None = None
-    """When (``time.monotonic()``) the first of the polls that failed since
-    Redis last answered a poll or an acquire of this group was sent; None
-    while Redis answers."""
+    _alive_from: float | None = None
+    """When (``time.monotonic()``) the latest answered call that refreshed this
+    group's session liveness (a poll, an acquire) was sent: Redis keeps the
+    session's requests queued for at least ``lease_ms`` from then. None before
+    the first answer."""
+    _unreachable_told: bool = False
+    """The waiters were told their places may be lost (``_unreachable``), and
+    no call was answered since."""
 
     @cached_attribute
     def session(self) -> str:
@@ -329,8 +333,9 @@ class WaitGroup:
                 ring_key=waiter.ring_key,
             )
 
+        sent = time.monotonic()
         reply = await self.hub.run(self.hub.calls, send)
-        self._answered()  # the script refreshed this session's liveness, as a poll does
+        self._answered(sent)  # the script refreshed this session's liveness, as a poll does
         return reply
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
@@ -494,7 +499,7 @@ class WaitGroup:
                 self.keys.name,
                 exc.reason,
             )
-            self._unreachable(exc, sent)
+            self._unreachable(exc)
             if not self._poll_failed:
                 # The first failure after an answer may be the pooled
                 # connection's alone (reset while idle: a restart, a proxy),
@@ -507,7 +512,7 @@ class WaitGroup:
         if reply is None:
             return 0.0
         self._poll_failed = False
-        self._answered()
+        self._answered(sent)
         self._settle(reply, sent)
         poll_s = self.settings.poll_ms / 1000
         if reply.grant is not None and reply.grant.pttl_ms > 0:
@@ -516,23 +521,29 @@ class WaitGroup:
             return min(poll_s, reply.grant.pttl_ms / 1000 + EXPIRY_MARGIN_S)
         return poll_s
 
-    def _answered(self) -> None:
-        """Redis answered a call that refreshed this group's session liveness
-        (a poll, an acquire): no waiter's place is lost, whatever failed before."""
-        if self._unanswered_since is not None:
-            self._unanswered_since = None
+    def _answered(self, sent: float) -> None:
+        """Redis answered a call sent at ``sent`` (``time.monotonic()``) that
+        refreshed this group's session liveness (a poll, an acquire): no
+        waiter's place is lost, whatever failed before."""
+        if self._alive_from is None or sent > self._alive_from:
+            self._alive_from = sent
+        if self._unreachable_told:
+            self._unreachable_told = False
             for waiter in self.waiters.values():
                 waiter.out_of_reach = None
 
-    def _unreachable(self, failure: RedisUnavailable, sent: float) -> None:
-        """A poll sent at ``sent`` failed with ``failure``. Once the polls have
-        failed for ``lease_ms``, Redis presumes this process dead and its
-        requests have lost their places: each waiter is told (``out_of_reach``)
-        and woken, once, and one without a timeout gives up."""
-        if self._unanswered_since is None:
-            self._unanswered_since = sent
-        if time.monotonic() - self._unanswered_since < self.settings.lease_ms / 1000:
+    def _unreachable(self, failure: RedisUnavailable) -> None:
+        """A poll failed with ``failure``. Once ``lease_ms`` passed since the
+        latest answered call that refreshed the session's liveness was sent
+        (dated by when it was asked: the outage may have begun up to
+        ``poll_ms`` after it), Redis may have presumed this process dead and
+        its requests may have lost their places: each waiter is told
+        (``out_of_reach``) and woken, once, and one without a timeout gives up."""
+        if self._alive_from is None:
             return
+        if time.monotonic() - self._alive_from < self.settings.lease_ms / 1000:
+            return
+        self._unreachable_told = True
         for waiter in self.waiters.values():
             if waiter.out_of_reach is None:  # woken once, not at every failed poll
                 waiter.out_of_reach = failure

@@ -1454,7 +1454,8 @@ async def test_an_untimed_waiter_raises_once_redis_was_out_of_reach_for_a_lease(
     )
     assert isinstance(ended, RedisUnavailable), f"still waiting {took:.1f} s into the outage"
     assert "lease_ms" in str(ended) and "out-of-reach" in str(ended)
-    assert 1.5 * 0.9 <= took < 5, f"gave up after {took:.2f} s (lease_ms 1500)"
+    # lease_ms counts from the last answered poll: up to poll_ms before the outage.
+    assert (1.5 - 0.3) * 0.9 <= took < 5, f"gave up after {took:.2f} s (lease_ms 1500)"
 
 
 async def test_a_timed_waiter_keeps_its_timeout_while_redis_is_out_of_reach(
@@ -1470,7 +1471,7 @@ async def test_a_timed_waiter_keeps_its_timeout_while_redis_is_out_of_reach(
     assert took >= 3.5
 
 
-def _never_out_of_reach(self: WaitGroup, failure: RedisUnavailable, sent: float) -> None:
+def _never_out_of_reach(self: WaitGroup, failure: RedisUnavailable) -> None:
     """MUTANT outage-waits-forever: failed polls never tell the waiters, so an
     untimed acquire waits as long as the outage lasts (the bug before this
     test)."""
@@ -1525,6 +1526,60 @@ async def test_a_waiter_queued_after_a_long_outage_keeps_its_place_through_a_sho
     await asyncio.gather(timed, untimed, return_exceptions=True)
     await holder.release(lease)
     assert not done, f"the untimed waiter gave up {ended!r} in a blip shorter than lease_ms"
+
+
+async def _alive_until_ms(admin: AsyncRedis, keys: LockKeys, token: str) -> int:
+    """Until when (server ms) Redis keeps the session of ``token``'s request alive."""
+    waiter = await admin.hget(keys.key("waiters"), token)
+    session = waiter.split()[0]
+    return int(await admin.zscore(keys.key("alive"), session))
+
+
+async def _server_ms(admin: AsyncRedis) -> int:
+    seconds, micros = await admin.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def test_an_untimed_waiter_gives_up_when_redis_drops_its_place_not_a_poll_later(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+) -> None:
+    """helper-34: Redis keeps a waiting process's requests for lease_ms from its
+    last answered poll, which may come up to poll_ms before an outage; the
+    group counted lease_ms from its first failed poll. An untimed waiter cut
+    off just before its next poll was due gave up about a poll interval after
+    Redis had dropped its place (and a shorter outage lost the place while
+    the docs said it cost nothing)."""
+    settings = {"lease_ms": 2000, "poll_ms": 1000}
+    proxy = fault_proxy(redis_url)
+    lock = FifoLock(clients(proxy.url, **no_retries()), "poll-phase", **settings)
+    holder = FifoLock(clients(redis_url), "poll-phase", **settings)
+    await warm_up(lock)
+    lease = await holder.acquire(timeout=5)
+    untimed = asyncio.create_task(lock.acquire(token="untimed"))
+    await until(lambda: _queued(aredis, lock.keys, "untimed"), "untimed queued")
+    queued_until = await _alive_until_ms(aredis, lock.keys, "untimed")
+
+    async def polled() -> bool:
+        return await _alive_until_ms(aredis, lock.keys, "untimed") != queued_until
+
+    await until(polled, "a poll refreshed the session", 5)
+    await asyncio.sleep(0.8)  # the outage starts late in the poll interval, by design
+    alive_until = await _alive_until_ms(aredis, lock.keys, "untimed")
+    proxy.max_connections = 0
+    proxy.reset()
+    done, _ = await asyncio.wait({untimed}, timeout=10)
+    gave_up = await _server_ms(aredis)
+    proxy.max_connections = 256
+    await holder.release(lease)
+    if not done:
+        untimed.cancel()
+    await asyncio.gather(untimed, return_exceptions=True)
+    assert done and isinstance(untimed.exception(), RedisUnavailable), untimed
+    late_ms = gave_up - alive_until
+    assert -100 <= late_ms <= 700, f"gave up {late_ms} ms after Redis dropped its place"
 
 
 # --- a lease lost while held, released while Redis is out of reach ----------------------
