@@ -1540,6 +1540,42 @@ async def _server_ms(admin: AsyncRedis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+async def _late_give_up_ms(
+    redis_url: str,
+    aredis: AsyncRedis,
+    proxy: FaultProxy,
+    clients: Callable[..., AsyncRedis],
+) -> int:
+    """An untimed waiter whose process is cut off late in a poll interval: how
+    long (ms, server clock) after Redis dropped its place it gave up."""
+    settings = {"lease_ms": 4000, "poll_ms": 2000}
+    lock = FifoLock(clients(proxy.url, **no_retries()), "poll-phase", **settings)
+    holder = FifoLock(clients(redis_url), "poll-phase", **settings)
+    await warm_up(lock)
+    lease = await holder.acquire(timeout=5)
+    untimed = asyncio.create_task(lock.acquire(token="untimed"))
+    await until(lambda: _queued(aredis, lock.keys, "untimed"), "untimed queued")
+    queued_until = await _alive_until_ms(aredis, lock.keys, "untimed")
+
+    async def polled() -> bool:
+        return await _alive_until_ms(aredis, lock.keys, "untimed") != queued_until
+
+    await until(polled, "a poll refreshed the session", 10)
+    await asyncio.sleep(1.8)  # the outage starts late in the poll interval, by design
+    alive_until = await _alive_until_ms(aredis, lock.keys, "untimed")
+    proxy.max_connections = 0
+    proxy.reset()
+    done, _ = await asyncio.wait({untimed}, timeout=10)
+    gave_up = await _server_ms(aredis)
+    proxy.max_connections = 256
+    await holder.release(lease)
+    if not done:
+        untimed.cancel()
+    await asyncio.gather(untimed, return_exceptions=True)
+    assert done and isinstance(untimed.exception(), RedisUnavailable), untimed
+    return gave_up - alive_until
+
+
 async def test_an_untimed_waiter_gives_up_when_redis_drops_its_place_not_a_poll_later(
     redis_url: str,
     aredis: AsyncRedis,
@@ -1552,34 +1588,33 @@ async def test_an_untimed_waiter_gives_up_when_redis_drops_its_place_not_a_poll_
     off just before its next poll was due gave up about a poll interval after
     Redis had dropped its place (and a shorter outage lost the place while
     the docs said it cost nothing)."""
-    settings = {"lease_ms": 2000, "poll_ms": 1000}
-    proxy = fault_proxy(redis_url)
-    lock = FifoLock(clients(proxy.url, **no_retries()), "poll-phase", **settings)
-    holder = FifoLock(clients(redis_url), "poll-phase", **settings)
-    await warm_up(lock)
-    lease = await holder.acquire(timeout=5)
-    untimed = asyncio.create_task(lock.acquire(token="untimed"))
-    await until(lambda: _queued(aredis, lock.keys, "untimed"), "untimed queued")
-    queued_until = await _alive_until_ms(aredis, lock.keys, "untimed")
+    late_ms = await _late_give_up_ms(redis_url, aredis, fault_proxy(redis_url), clients)
+    assert -100 <= late_ms <= 1200, f"gave up {late_ms} ms after Redis dropped its place"
 
-    async def polled() -> bool:
-        return await _alive_until_ms(aredis, lock.keys, "untimed") != queued_until
 
-    await until(polled, "a poll refreshed the session", 5)
-    await asyncio.sleep(0.8)  # the outage starts late in the poll interval, by design
-    alive_until = await _alive_until_ms(aredis, lock.keys, "untimed")
-    proxy.max_connections = 0
-    proxy.reset()
-    done, _ = await asyncio.wait({untimed}, timeout=10)
-    gave_up = await _server_ms(aredis)
-    proxy.max_connections = 256
-    await holder.release(lease)
-    if not done:
-        untimed.cancel()
-    await asyncio.gather(untimed, return_exceptions=True)
-    assert done and isinstance(untimed.exception(), RedisUnavailable), untimed
-    late_ms = gave_up - alive_until
-    assert -100 <= late_ms <= 700, f"gave up {late_ms} ms after Redis dropped its place"
+def _from_the_first_failure(self: WaitGroup, failure: RedisUnavailable) -> None:
+    """MUTANT liveness-from-first-failure: lease_ms is counted from the first
+    failed poll, not from the last answered one (the bug before the test
+    above)."""
+    first = self.__dict__.setdefault("_first_failure", time.monotonic())
+    if time.monotonic() - first < self.settings.lease_ms / 1000:
+        return
+    for waiter in self.waiters.values():
+        if waiter.out_of_reach is None:
+            waiter.out_of_reach = failure
+            waiter.hint()
+
+
+async def test_a_give_up_dated_by_the_last_answer_kills_liveness_from_first_failure(
+    redis_url: str,
+    aredis: AsyncRedis,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(WaitGroup, "_unreachable", _from_the_first_failure)
+    late_ms = await _late_give_up_ms(redis_url, aredis, fault_proxy(redis_url), clients)
+    assert late_ms > 1200, "liveness-from-first-failure passed"
 
 
 # --- a lease lost while held, released while Redis is out of reach ----------------------
