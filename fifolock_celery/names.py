@@ -6,18 +6,30 @@ function (attribute and index access allowed: ``"{order.id}"``,
 their defaults applied, so ``f(1)``, ``f(invoice_id=1)`` and a default value all
 give the same name. A name without fields is used as it is.
 
+A field's value is formatted as a worker receives it, whatever the serializer,
+so a direct call, ``.apply()`` and a worker lock the same name: a tuple or
+namedtuple shows as a list (``batch-[1, 2]``), a ``str``, ``int`` or ``float``
+subclass as its plain value (``class Kind(str, Enum)`` gives ``batch-a``, as do
+Django's ``TextChoices``), a datetime with its zone as a UTC offset. Attribute
+and index access happen on the arguments as given, so ``{point.x}`` on a
+namedtuple works in a direct call but fails in a JSON worker, which receives a
+list.
+
 Checked when the task is decorated: fields naming a parameter the function
 lacks. Checked when the task runs (the error names the task): a field that a
 function taking ``**kwargs`` did not receive, attribute or index access that
-fails, and a value whose text would differ in another process (a ``set``, or
-an object shown by its memory address), which would give two workers two
-different locks for the same call.
+fails, and a value whose text could differ in a worker or another process (a
+``set``, an object shown by its memory address), which would give the same
+call two different locks.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import inspect
 import re
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from string import Formatter
 from typing import Any
@@ -43,27 +55,64 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 """How ``object.__repr__`` shows an object: by an address private to one process."""
 
 
-_PLAIN = (str, int, float, bool, type(None))
-"""Values whose text is the same in every process (all that JSON can carry, but lists and dicts)."""
+_AS_SENT = (str, int, float, bool, type(None), bytes, datetime.date, decimal.Decimal, uuid.UUID)
+"""Exact types that every Celery serializer able to carry them brings back as they were.
+
+Kombu's JSON carries ``bytes``, dates, ``Decimal`` and ``UUID`` as tagged
+values; pickle keeps every type; msgpack and YAML refuse what they cannot carry.
+"""
+
+
+def _as_received(value: Any, field: str) -> Any:
+    """``value`` as a worker receives it, whatever the serializer, so that a
+    direct or eager call formats the same text as the worker does.
+
+    JSON (Celery's default, and msgpack and YAML alike) turns a tuple (a
+    namedtuple too) into a list and a ``str``, ``int`` or ``float`` subclass (a
+    ``class Kind(str, Enum)`` member) into the plain value, and kombu's JSON
+    brings a datetime or time back with a fixed UTC offset for its zone. Pickle
+    keeps them all, so both paths are brought to the JSON form.
+
+    Raises:
+        _Unstable: the value's text could differ in the worker: a set or a
+            frozenset, or an object shown by its memory address.
+    """
+    kind = type(value)
+    if kind in _AS_SENT:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, (list, tuple)):
+        return [_as_received(item, field) for item in value]
+    if isinstance(value, datetime.datetime):
+        return datetime.datetime.fromisoformat(value.isoformat())
+    if isinstance(value, datetime.time):
+        return datetime.time.fromisoformat(value.isoformat())
+    if isinstance(value, datetime.date):
+        return datetime.date.fromisoformat(value.isoformat())
+    if isinstance(value, (set, frozenset)):
+        raise _Unstable(field, f"is a {kind.__name__}, whose order is not fixed")
+    for text in (str(value), repr(value)):
+        if _ADDRESS.search(text):
+            raise _Unstable(field, f"shows as {shown_value(text)}, with a memory address")
+    return value
 
 
 class _StableFormatter(Formatter):
-    """``str.format`` that refuses values whose text depends on the process."""
+    """``str.format`` on the values a worker receives, refusing values whose
+    text depends on the process or on the serializer (see ``_as_received``)."""
 
     def get_field(self, field_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         value, root = super().get_field(field_name, args, kwargs)
-        if isinstance(value, _PLAIN):
-            return value, root
-        if isinstance(value, (set, frozenset)):
-            raise _Unstable(field_name, f"is a {type(value).__name__}, whose order is not fixed")
-        for text in (str(value), repr(value)):
-            if _ADDRESS.search(text):
-                raise _Unstable(field_name, f"shows as {shown_value(text)}, with a memory address")
-        return value, root
+        return _as_received(value, field_name), root
 
 
 class _Unstable(Exception):
-    """A field's value would format differently in another process."""
+    """A field's value could format differently in a worker or another process."""
 
     def __init__(self, field: str, why: str) -> None:
         super().__init__(field, why)
@@ -136,8 +185,9 @@ class NameTemplate:
                 calling the function would); the message names the task.
             LockUsageError: a field cannot be filled from this call (a keyword
                 that ``**kwargs`` did not receive, a failing ``.attribute`` or
-                ``[index]``), its value would format differently in another
-                process (a set, an object shown by address), or the name it
+                ``[index]``), its value could format differently in a worker
+                or another process (a set, an object shown by address: see
+                the module's docstring), or the name it
                 makes is refused (a brace, an invisible character, too long:
                 see ``redis_fifo_lock.settings.check_name``). The error's
                 ``name`` is the template; the message names the task and shows
@@ -167,9 +217,9 @@ class NameTemplate:
         except _Unstable as exc:
             raise LockUsageError(
                 self.template,
-                f"in {who}, field {{{exc.field}}} {exc.why}: the same call would get another "
-                "lock name in another process; name something with a stable text instead, "
-                "such as an id attribute ({order.id}) or a sorted list",
+                f"in {who}, field {{{exc.field}}} {exc.why}: the same call could get another "
+                "lock name in a worker or another process; name something with a stable text "
+                "instead, such as an id attribute ({order.id}), a str, or a sorted list",
             ) from None
         except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
             raise LockUsageError(

@@ -8,6 +8,9 @@ in real workers (``test_celery.py`` and the other modules here).
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import json
 import logging
 import os
@@ -15,16 +18,20 @@ import pickle
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from celery import Celery, Task
 from celery.exceptions import Retry
+from kombu.serialization import dumps as kombu_dumps
+from kombu.serialization import loads as kombu_loads
 
 import fifolock_celery.decorator as decorator_module
 import fifolock_celery.lease as lease_module
+import fifolock_celery.names as names_module
 import fifolock_celery.policies as policies_module
 from fifolock_celery import (
     REDIS_URL_SETTING,
@@ -337,6 +344,10 @@ def test_a_field_only_kwargs_can_fill_is_checked_when_the_task_runs() -> None:
         template.format((), {"other": 1}, "billing.job")
 
 
+CET = datetime.timezone(datetime.timedelta(hours=1), "CET")
+"""A named zone: ``%Z`` shows ``CET``, kombu's JSON brings back ``UTC+01:00``."""
+
+
 class Opaque:
     """An object shown by its address."""
 
@@ -361,6 +372,119 @@ def test_a_value_that_cannot_make_a_stable_name_is_an_error_naming_the_task(
         NameTemplate(template, job).format((value,), {}, "billing.job")
 
     assert "task billing.job" in str(caught.value)
+    assert caught.value.name == template
+
+
+class Kind(str, enum.Enum):
+    """A str-mixin enum: JSON carries its value, ``format()`` shows ``Kind.A``."""
+
+    A = "a"
+
+
+class Level(enum.IntEnum):
+    """An int enum: shown as its value (``1``) on every path."""
+
+    ONE = 1
+
+
+class Shown(int):
+    """An int that shows itself otherwise than JSON writes it."""
+
+    def __str__(self) -> str:
+        return f"shown-{int(self)}"
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+def _carried(args: tuple[Any, ...], serializer: str) -> tuple[Any, ...]:
+    """``args`` as a worker receives them from a message that ``serializer`` wrote."""
+    content_type, encoding, body = kombu_dumps(args, serializer=serializer)
+    return tuple(kombu_loads(body, content_type, encoding, accept=[content_type]))
+
+
+SERIALIZED: list[tuple[str, object]] = [
+    ("batch-{ids}", (1, 2)),
+    ("batch-{ids}", Point(1, 2)),
+    ("batch-{ids}", [1, (2, (3, "x"))]),
+    ("batch-{ids!r}", ("a", 1.5)),
+    ("batch-{ids}", Kind.A),
+    ("batch-{ids:>3}", Kind.A),
+    ("batch-{ids}", [Kind.A, Level.ONE]),
+    ("batch-{ids}", Level.ONE),
+    ("batch-{ids}", Shown(3)),
+    ("batch-{ids}", True),
+    ("batch-{ids}", 10**20),
+    ("at-{ids}", datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=CET)),
+    ("at-{ids:%H %Z}", datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=CET)),
+    ("at-{ids}", datetime.date(2026, 1, 2)),
+    ("at-{ids}", decimal.Decimal("1.10")),
+    ("at-{ids}", uuid.UUID(int=7)),
+]
+
+
+def _names(template: str, value: object, serializer: str) -> tuple[str, str]:
+    """The lock names of one call: as a direct or eager call computes it, and as a
+    worker does from the message ``serializer`` wrote."""
+
+    def job(ids: object) -> None: ...
+
+    name = NameTemplate(template, job)
+    return (
+        name.format((value,), {}, "billing.job"),
+        name.format(_carried((value,), serializer), {}, "billing.job"),
+    )
+
+
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+@pytest.mark.parametrize(("template", "value"), SERIALIZED, ids=[repr(v) for _, v in SERIALIZED])
+def test_a_call_gets_the_same_name_from_its_arguments_and_from_the_message(
+    template: str, value: object, serializer: str
+) -> None:
+    """A tuple or a str-enum locked "batch-(1, 2)" / "batch-Kind.A" in a direct
+    or eager call but "batch-[1, 2]" / "batch-a" in a worker, whose arguments
+    came through JSON: two locks for one call, and the bodies overlapped."""
+    direct, received = _names(template, value, serializer)
+
+    assert direct == received
+
+
+_AS_RECEIVED = names_module._as_received
+
+
+def _tuples_as_given(value: Any, field: str) -> Any:
+    """MUTANT tuples-as-given: a tuple (a namedtuple, a tuple in a list) is
+    formatted as given, "batch-(1, 2)", while a JSON worker formats the list it
+    receives, "batch-[1, 2]" (the bug before the test above)."""
+    return value if isinstance(value, tuple) else _AS_RECEIVED(value, field)
+
+
+def _subclasses_as_given(value: Any, field: str) -> Any:
+    """MUTANT subclasses-as-given: a str, int or float subclass is formatted as
+    it shows itself, "batch-Kind.A", while a JSON worker receives the plain
+    value, "batch-a" (the bug before the test above)."""
+    plain = isinstance(value, (str, int, float)) and type(value) not in (str, int, float, bool)
+    return value if plain else _AS_RECEIVED(value, field)
+
+
+def _zones_as_given(value: Any, field: str) -> Any:
+    """MUTANT zones-as-given: a datetime keeps its named zone, "at-03 CET", while
+    kombu's JSON brings it back with a UTC offset, "at-03 UTC+01:00"."""
+    dated = isinstance(value, (datetime.datetime, datetime.time))
+    return value if dated else _AS_RECEIVED(value, field)
+
+
+@pytest.mark.parametrize("mutant", [_tuples_as_given, _subclasses_as_given, _zones_as_given])
+def test_the_same_name_from_arguments_and_message_kills_the_as_given_mutants(
+    monkeypatch: pytest.MonkeyPatch, mutant: Callable[[Any, str], Any]
+) -> None:
+    monkeypatch.setattr(names_module, "_as_received", mutant)
+
+    differing = [(t, v) for t, v in SERIALIZED if len(set(_names(t, v, "json"))) > 1]
+
+    assert differing, f"{mutant.__name__} passed"
 
 
 def test_arguments_that_do_not_fit_are_a_type_error_naming_the_task() -> None:
