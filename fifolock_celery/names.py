@@ -19,8 +19,9 @@ Checked when the task is decorated: fields naming a parameter the function
 lacks. Checked when the task runs (the error names the task): a field that a
 function taking ``**kwargs`` did not receive, attribute or index access that
 fails, and a value whose text could differ in a worker or another process (a
-``set``, an object shown by its memory address), which would give the same
-call two different locks.
+``set``, a ``dict``, a time zone, an object with ``__json__``, a lazy text, an
+object shown by its memory address), which would give the same call two
+different locks.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import datetime
 import decimal
 import inspect
 import re
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from string import Formatter
@@ -62,6 +64,9 @@ Kombu's JSON carries ``bytes``, dates, ``Decimal`` and ``UUID`` as tagged
 values; pickle keeps every type; msgpack and YAML refuse what they cannot carry.
 """
 
+_TAGGED = (bytes, decimal.Decimal, uuid.UUID)
+"""Types kombu's JSON sends tagged and brings back as the base type, losing a subclass."""
+
 
 def _as_received(value: Any, field: str) -> Any:
     """``value`` as a worker receives it, whatever the serializer, so that a
@@ -75,7 +80,11 @@ def _as_received(value: Any, field: str) -> Any:
 
     Raises:
         _Unstable: the value's text could differ in the worker: a set or a
-            frozenset, or an object shown by its memory address.
+            frozenset, a dict (JSON turns its keys into strings), a time zone, a
+            subclass of a type kombu's JSON brings back as its base type, an
+            object with a ``__json__`` method (JSON sends what it returns), a
+            Django lazy text (``gettext_lazy``), or an object shown by its
+            memory address.
     """
     kind = type(value)
     if kind in _AS_SENT:
@@ -96,6 +105,21 @@ def _as_received(value: Any, field: str) -> Any:
         return datetime.date.fromisoformat(value.isoformat())
     if isinstance(value, (set, frozenset)):
         raise _Unstable(field, f"is a {kind.__name__}, whose order is not fixed")
+    if isinstance(value, dict):
+        raise _Unstable(field, f"is a {kind.__name__}, whose keys JSON turns into strings")
+    if isinstance(value, datetime.tzinfo):
+        raise _Unstable(field, f"is a time zone ({kind.__name__}), which JSON sends as an offset")
+    if isinstance(value, _TAGGED):
+        base = next(t for t in _TAGGED if isinstance(value, t))
+        raise _Unstable(field, f"is a {kind.__name__}, which JSON brings back as a {base.__name__}")
+    functional = sys.modules.get("django.utils.functional")
+    if functional is not None and isinstance(value, functional.Promise):
+        raise _Unstable(
+            field,
+            "is a lazy text, which JSON sends as the publisher's text and pickle as the worker's",
+        )
+    if hasattr(value, "__json__"):
+        raise _Unstable(field, f"is a {kind.__name__}, which JSON sends as its __json__()")
     for text in (str(value), repr(value)):
         if _ADDRESS.search(text):
             raise _Unstable(field, f"shows as {shown_value(text)}, with a memory address")
@@ -186,8 +210,9 @@ class NameTemplate:
             LockUsageError: a field cannot be filled from this call (a keyword
                 that ``**kwargs`` did not receive, a failing ``.attribute`` or
                 ``[index]``), its value could format differently in a worker
-                or another process (a set, an object shown by address: see
-                the module's docstring), or the name it
+                or another process (a set, a dict, a time zone, an object with
+                ``__json__``, a lazy text, an object shown by address: see the
+                module's docstring), or the name it
                 makes is refused (a brace, an invisible character, too long:
                 see ``redis_fifo_lock.settings.check_name``). The error's
                 ``name`` is the template; the message names the task and shows

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import pytest
 from celery import Celery, Task
 from celery.exceptions import Retry
+from django.utils.functional import Promise, lazy
 from kombu.serialization import dumps as kombu_dumps
 from kombu.serialization import loads as kombu_loads
 
@@ -344,12 +345,43 @@ def test_a_field_only_kwargs_can_fill_is_checked_when_the_task_runs() -> None:
         template.format((), {"other": 1}, "billing.job")
 
 
+_AS_RECEIVED = names_module._as_received
+"""The real ``_as_received``, which the mutants below call for what they do not change."""
+
 CET = datetime.timezone(datetime.timedelta(hours=1), "CET")
 """A named zone: ``%Z`` shows ``CET``, kombu's JSON brings back ``UTC+01:00``."""
 
 
 class Opaque:
     """An object shown by its address."""
+
+
+class Cents(decimal.Decimal):
+    """A Decimal subclass: kombu's JSON brings back a plain Decimal."""
+
+    def __str__(self) -> str:
+        return f"{self:.2f} EUR"
+
+
+class Jsonable:
+    """An object kombu's JSON sends as what ``__json__`` returns."""
+
+    def __str__(self) -> str:
+        return "jsonable"
+
+    def __json__(self) -> str:
+        return "sent"
+
+
+UNCARRIED: list[tuple[str, object, str]] = [
+    ("zone-{tags.tzinfo}", datetime.datetime(2026, 1, 2, tzinfo=CET), "is a time zone"),
+    ("zone-{tags}", CET, r"field \{tags\} is a time zone"),
+    ("amount-{tags}", Cents("1.1"), "JSON brings back as a Decimal"),
+    ("obj-{tags}", Jsonable(), r"sends as its __json__\(\)"),
+    ("map-{tags}", {"a": 1}, r"is a dict, whose keys JSON turns into strings"),
+    ("text-{tags}", lazy(lambda: "text", str)(), "lazy text"),
+]
+"""Values whose text a worker could see otherwise (template, value, refusal)."""
 
 
 @pytest.mark.parametrize(
@@ -361,6 +393,7 @@ class Opaque:
         ("fn-{tags}", lambda: None, "with a memory address"),
         ("obj-{tags.id}", Opaque(), "AttributeError"),
         ("obj-{tags[0]}", [], "IndexError"),
+        *UNCARRIED,
     ],
 )
 def test_a_value_that_cannot_make_a_stable_name_is_an_error_naming_the_task(
@@ -373,6 +406,31 @@ def test_a_value_that_cannot_make_a_stable_name_is_an_error_naming_the_task(
 
     assert "task billing.job" in str(caught.value)
     assert caught.value.name == template
+
+
+def _uncarried_as_given(value: Any, field: str) -> Any:
+    """MUTANT uncarried-as-given: a value that JSON or pickle would bring back
+    with another text (a zone, a Decimal subclass, an object with __json__, a
+    dict, a lazy text) is formatted as given instead of refused."""
+    uncarried = (dict, datetime.tzinfo, decimal.Decimal, Jsonable, Promise)
+    if isinstance(value, uncarried) and type(value) is not decimal.Decimal:
+        return value
+    return _AS_RECEIVED(value, field)
+
+
+def test_the_uncarried_values_kill_uncarried_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(names_module, "_as_received", _uncarried_as_given)
+
+    def job(tags: object) -> None: ...
+
+    refused = []
+    for template, value, _ in UNCARRIED:
+        try:
+            NameTemplate(template, job).format((value,), {}, "billing.job")
+        except LockUsageError:
+            refused.append(template)
+
+    assert len(refused) < len(UNCARRIED), "uncarried-as-given passed"
 
 
 class Kind(str, enum.Enum):
@@ -449,9 +507,6 @@ def test_a_call_gets_the_same_name_from_its_arguments_and_from_the_message(
     direct, received = _names(template, value, serializer)
 
     assert direct == received
-
-
-_AS_RECEIVED = names_module._as_received
 
 
 def _tuples_as_given(value: Any, field: str) -> Any:
