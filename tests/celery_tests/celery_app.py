@@ -34,6 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -204,6 +205,23 @@ def hold_invoice(self: Task[Any, Any], log: str, invoice_id: str, hold_ms: int =
 @fifo_locked("region-{region}-{invoice_id}")
 def hold_region(log: str, invoice_id: str, region: str = "eu", *, hold_ms: int = 0) -> str:
     """Unbound, with a defaulted parameter in the name; return the lock name."""
+    note(log, "enter")
+    time.sleep(hold_ms / 1000)
+    note(log, "exit")
+    return current_lease().name
+
+
+class Kind(str, Enum):
+    """A str-mixin enum: a JSON message carries ``"a"``; ``format()`` shows ``Kind.A``."""
+
+    A = "a"
+
+
+@app.task
+@fifo_locked("batch-{key}-{ids}")
+def hold_batch(log: str, key: str, ids: object, hold_ms: int = HOLD_MS) -> str:
+    """Hold a lock named after ``ids`` (a tuple, a str-enum...) for ``hold_ms``
+    ms; return the lock name."""
     note(log, "enter")
     time.sleep(hold_ms / 1000)
     note(log, "exit")

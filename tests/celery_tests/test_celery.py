@@ -133,6 +133,24 @@ def test_every_way_of_declaring_and_calling_gives_one_lock_and_takes_turns(
         assert violations([h for h in holds if h.lock == lock]) == []
 
 
+@pytest.mark.parametrize(
+    "ids", [(1, 2), [1, (2, ("x", 3))], tasks.Kind.A], ids=["tuple", "nested", "str-enum"]
+)
+def test_a_direct_call_waits_for_the_worker_running_the_same_call(
+    worker: Worker, log: Log, key: str, ids: object
+) -> None:
+    """A tuple or a str-enum argument locked "batch-(1, 2)" / "batch-Kind.A" in
+    ``.apply()`` but "batch-[1, 2]" / "batch-a" in the worker, which got the
+    arguments through JSON: the two bodies overlapped."""
+    sent = tasks.hold_batch.delay(log.key, key, ids)
+    log.wait("entered", 1)
+
+    direct = tasks.hold_batch.apply((log.key, key, ids), {"hold_ms": 0}).get()
+
+    assert direct == get(sent)
+    assert violations(log.holds()) == []
+
+
 def test_two_executions_of_one_task_id_take_turns(worker: Worker, log: Log) -> None:
     invoice, task_id = unique("redelivered"), str(uuid.uuid4())
     for _ in range(2):  # the second message is what a redelivery looks like
