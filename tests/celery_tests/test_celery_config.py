@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import pytest
 from celery import Celery, Task
 from celery.exceptions import Retry
+from django.db import models
 from django.utils.functional import Promise, lazy
 from kombu.serialization import dumps as kombu_dumps
 from kombu.serialization import loads as kombu_loads
@@ -445,6 +446,12 @@ class Level(enum.IntEnum):
     ONE = 1
 
 
+class Status(models.TextChoices):
+    """Django's choices show as their value, so they lock the same name everywhere."""
+
+    OPEN = "open"
+
+
 class Shown(int):
     """An int that shows itself otherwise than JSON writes it."""
 
@@ -472,6 +479,7 @@ SERIALIZED: list[tuple[str, object]] = [
     ("batch-{ids:>3}", Kind.A),
     ("batch-{ids}", [Kind.A, Level.ONE]),
     ("batch-{ids}", Level.ONE),
+    ("batch-{ids}", Status.OPEN),
     ("batch-{ids}", Shown(3)),
     ("batch-{ids}", True),
     ("batch-{ids}", 10**20),
