@@ -22,6 +22,9 @@ Registered under the ``caches`` tag when ``"fifolock_django"`` is in
   than the cache ``FIFOLOCK`` names, so ``@fifo_locked(NAME)`` and
   ``cache.fifo_lock(NAME)`` would be different locks (see
   ``fifolock_celery.under_django``).
+  When no Celery app was made in the process (the project package does not
+  import it, as Celery's Django recipe does), the ``CELERY_*`` settings are
+  checked as that recipe reads them.
 
 With ``manage.py check --deploy`` only (they talk to each lock cache's server,
 waiting at most ``SERVER_CHECK_TIMEOUT_S`` seconds for it). The server is the
@@ -197,30 +200,51 @@ def check_replicas_on_cluster(
     return errors
 
 
+def _celerys_fallback(app: Any) -> bool:
+    """Whether the Celery ``app`` is the fallback Celery makes up, with
+    ``set_as_current=False``, when the current app is asked for and no app was
+    made in the process. The recipe's app becomes the current one, and under
+    Django the default one too, so every thread sees it."""
+    from celery.app import default_app
+
+    fallback: Any = default_app  # a proxy of the app Celery falls back on
+    return app is fallback._get_current_object() and not app.set_as_current
+
+
 @register(Tags.caches)
 def check_celery_shares_the_locks(
     app_configs: Sequence[AppConfig] | None, **kwargs: Any
 ) -> list[CheckMessage]:
     """``fifolock.E008`` when the current Celery app's FIFO locks are not the
-    cache's locks of the same names (nothing is sent to Redis). Silent without
-    Celery, and when the app's lock settings are invalid (the worker's start
-    warnings say why)."""
+    cache's locks of the same names (nothing is sent to Redis). Without a
+    Celery app made in this process, the app Celery's Django recipe makes from
+    the ``CELERY_*`` settings is checked. Silent without Celery, and when the
+    app's lock settings are invalid (the worker's start warnings say why)."""
     try:
-        from celery import current_app
+        from celery import Celery
+        from celery.app import app_or_default
 
         from fifolock_celery import LockConfig
     except ImportError:
         return []
+    app = app_or_default()  # the current app itself, not a proxy of it
+    checked = f"The Celery app {app.main!r}"
+    if _celerys_fallback(app):
+        app = Celery("fifolock-check", set_as_current=False, fixups=[])
+        app.config_from_object("django.conf:settings", namespace="CELERY")
+        checked = (
+            "The Celery app that Celery's Django recipe makes from the CELERY_* settings "
+            "(checked as no Celery app was made in this process)"
+        )
     try:
-        different = LockConfig.from_app(current_app, CHECK_LOCK).django_mismatch()
+        different = LockConfig.from_app(app, CHECK_LOCK).django_mismatch()
     except (LockUsageError, ValueError, ImproperlyConfigured):
         return []
     if different is None:
         return []
     return [
         Error(
-            f"The Celery app {current_app.main!r} does not share the FIFO locks of Django's "
-            f"cache: {different}.",
+            f"{checked} does not share the FIFO locks of Django's cache: {different}.",
             hint=(
                 "Let Celery take the locks' server and namespace from the cache: remove "
                 "CELERY_FIFO_LOCK_REDIS_URL and CELERY_FIFO_LOCK_NAMESPACE."

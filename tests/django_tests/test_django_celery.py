@@ -14,23 +14,26 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("celery")
 
-from celery import Celery, current_app
+from celery import Celery, _state, current_app
+from celery.app import app_or_default, default_app
 from django.core.cache import caches
-from django.core.checks import run_checks
+from django.core.checks import CheckMessage, run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.test import Client
+from django.test import Client, override_settings
 from django_app import record, tasks
 from django_app.testing import TESTS_DIR, get_json, url_with_db
 from django_app.views import INVOICES, ISSUED
 from redis import Redis
 
 from fifolock_celery import LockConfig, start_warnings
+from fifolock_django import checks
 from redis_fifo_lock import LockServer
 from tests.support.celery_worker import running_worker
 
@@ -111,6 +114,58 @@ def test_locks_split_onto_another_database_fail_the_check_and_the_worker_start_c
     assert expected in error.msg
     assert error.msg.startswith("The Celery app 'django_app' does not share the FIFO locks")
     assert any(expected in message for message in warnings), warnings
+
+
+def fifolock_messages() -> list[CheckMessage]:
+    """The ``fifolock.*`` messages of the ``caches`` checks."""
+    return [m for m in run_checks(tags=["caches"]) if m.id and m.id.startswith("fifolock.")]
+
+
+def _without_a_project_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make this thread's Celery state what a process that never imported the
+    project's Celery app has: no current app, no default app, so that
+    ``current_app`` is the fallback Celery makes up."""
+    monkeypatch.setattr(_state, "default_app", None)
+    monkeypatch.setattr(_state._tls, "current_app", None)
+
+
+def test_without_a_celery_app_the_check_reads_the_celery_settings_as_the_recipe_does(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the recipe's import in the project package, ``current_app`` was
+    Celery's fallback app, which takes the cache's locks: ``manage.py check``
+    passed though CELERY_FIFO_LOCK_NAMESPACE split the tasks' locks off."""
+    _without_a_project_app(monkeypatch)
+    assert fifolock_messages() == []
+
+    with override_settings(CELERY_FIFO_LOCK_NAMESPACE="other"):
+        [error] = fifolock_messages()
+
+    assert error.id == "fifolock.E008"
+    assert error.msg.startswith(
+        "The Celery app that Celery's Django recipe makes from the CELERY_* settings"
+    )
+    assert "fifo_lock_namespace ('other') is not the KEY_PREFIX of cache 'default'" in error.msg
+    assert app_or_default() is default_app._get_current_object()  # nothing made current
+
+
+def _never_the_fallback(app: Any) -> bool:
+    """MUTANT fallback-checked: the check takes Celery's fallback app for the
+    project's and finds nothing wrong with it (the bug before
+    test_without_a_celery_app_the_check_reads_the_celery_settings_as_the_recipe_does)."""
+    return False
+
+
+def test_the_celery_settings_without_a_celery_app_kill_fallback_checked(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checks, "_celerys_fallback", _never_the_fallback)
+    _without_a_project_app(monkeypatch)
+
+    with override_settings(CELERY_FIFO_LOCK_NAMESPACE="other"):
+        messages = fifolock_messages()
+
+    assert messages == [], "fallback-checked passed"
 
 
 def test_celery_says_otherwise_explicitly_with_fifo_lock_django_cache_false(
