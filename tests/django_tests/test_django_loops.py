@@ -121,7 +121,9 @@ def test_many_sequential_async_to_sync_calls_leak_no_connection_and_no_closed_lo
         run()
     wait_until(lambda: settled_connections() <= baseline, "closed connections to go", 5)
 
-    assert settled_connections() == after_10 == baseline
+    # At most the baseline: the count is the server's, and a connection of an
+    # earlier test may close meanwhile (seen in a random-order run: 18 < 19).
+    assert settled_connections() <= baseline and after_10 <= baseline
     assert len(lock_clients) == loops  # every call's loop closed its client
     assert exclusive.fences == sorted(set(exclusive.fences)) and len(exclusive.fences) == 3 * 41
     assert exclusive.most == 1
