@@ -12,6 +12,7 @@ outside attack, helper-34).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from redis_fifo_lock import FifoLock, Lease, LockUsageError, SyncFifoLock, tokens
+from redis_fifo_lock import FifoLock, Lease, LeaseLost, LockUsageError, SyncFifoLock, tokens
 from redis_fifo_lock.protocol import LockKeys
 from tests.support.polling import until
 
@@ -105,9 +106,33 @@ async def test_the_record_of_tokens_ends_with_their_requests_and_leases(aredis: 
     with pytest.raises(TimeoutError):
         await lock.acquire(timeout=0.1, token="timed-out")
     assert tokens.in_use() == before + 1
-    del held  # dropped unreleased: its token is free, its grant ends by itself
+    del held  # dropped unreleased: its grant is released in the background
     gc.collect()
-    assert tokens.in_use() == before
+    await until(lambda: tokens.in_use() == before, "the dropped lease's token free", 10)
+
+
+async def test_the_token_of_a_dropped_lease_stays_in_use_until_its_grant_is_released(
+    aredis: Redis, second_client: Redis
+) -> None:
+    """helper-38: the token was free as soon as the lease was dropped; a request
+    of that token took the still-held grant over (same fence), and the late
+    background release of the dropped lease then freed it under its new
+    holder: another process got in beside it, 30 of 30 runs."""
+    lock = FifoLock(aredis, "token-dropped", **FAST)
+    before = tokens.in_use()
+    lease = await lock.acquire(timeout=5, token="job-3")
+    fence = lease.fence
+    del lease
+    gc.collect()
+    with pytest.raises(LockUsageError, match="'job-3' already holds this lock"):
+        await lock.acquire(timeout=1, token="job-3")
+    await until(lambda: tokens.in_use() == before, "the dropped grant released", 10)
+    again = await lock.acquire(timeout=5, token="job-3")
+    assert again.fence > fence
+    other = FifoLock(second_client, "token-dropped", **FAST)
+    with pytest.raises(TimeoutError):
+        await other.acquire(timeout=0.5)
+    await lock.release(again)
 
 
 def _never_refuses(keys: LockKeys, token: str) -> tokens.Use:
@@ -125,3 +150,23 @@ async def test_a_held_token_kills_token_used_twice(
     second: Lease = await lock.acquire(timeout=1, token="job-1")
     assert second.fence == first.fence, "token-used-twice passed"
     await lock.release(first)
+
+
+def _freed_at_drop(self: tokens.Use, _: object) -> None:
+    """MUTANT token-freed-at-drop: a dropped lease frees its token at once,
+    before the background release of its grant (the bug before the test
+    above)."""
+    self.end()
+
+
+async def test_a_dropped_lease_s_token_kills_token_freed_at_drop(
+    aredis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tokens.Use, "_dropped", _freed_at_drop)
+    lock = FifoLock(aredis, "token-dropped-mutant", **FAST)
+    lease = await lock.acquire(timeout=5, token="job-4")
+    del lease
+    gc.collect()
+    again = await lock.acquire(timeout=1, token="job-4")  # "token-freed-at-drop passed"
+    with contextlib.suppress(LeaseLost):
+        await lock.release(again)
