@@ -97,12 +97,16 @@ def _as_received(value: Any, field: str) -> Any:
         return float.__float__(value)
     if isinstance(value, (list, tuple)):
         return [_as_received(item, field) for item in value]
+    if hasattr(value, "__json__"):
+        raise _Unstable(field, f"is a {kind.__name__}, which JSON sends as its __json__()")
+    # The base classes' isoformat, as kombu's JSON calls it: a subclass's own
+    # (one that drops the microseconds, say) is not what a worker receives.
     if isinstance(value, datetime.datetime):
-        return datetime.datetime.fromisoformat(value.isoformat())
+        return datetime.datetime.fromisoformat(datetime.datetime.isoformat(value))
     if isinstance(value, datetime.time):
-        return datetime.time.fromisoformat(value.isoformat())
+        return datetime.time.fromisoformat(datetime.time.isoformat(value))
     if isinstance(value, datetime.date):
-        return datetime.date.fromisoformat(value.isoformat())
+        return datetime.date.fromisoformat(datetime.date.isoformat(value))
     if isinstance(value, (set, frozenset)):
         raise _Unstable(field, f"is a {kind.__name__}, whose order is not fixed")
     if isinstance(value, dict):
@@ -118,8 +122,6 @@ def _as_received(value: Any, field: str) -> Any:
             field,
             "is a lazy text, which JSON sends as the publisher's text and pickle as the worker's",
         )
-    if hasattr(value, "__json__"):
-        raise _Unstable(field, f"is a {kind.__name__}, which JSON sends as its __json__()")
     for text in (str(value), repr(value)):
         if _ADDRESS.search(text):
             raise _Unstable(field, f"shows as {shown_value(text)}, with a memory address")

@@ -374,6 +374,21 @@ class Jsonable:
         return "sent"
 
 
+class JsonDay(datetime.date):
+    """A date with ``__json__``: kombu's JSON sends what it returns (helper-38)."""
+
+    def __json__(self) -> int:
+        return self.toordinal()
+
+
+class ShortIso(datetime.datetime):
+    """A datetime whose ``isoformat`` drops the microseconds; kombu's JSON calls
+    ``datetime.isoformat`` itself, so a worker receives them (helper-38)."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "seconds") -> str:
+        return super().isoformat(sep, timespec)
+
+
 UNCARRIED: list[tuple[str, object, str]] = [
     ("zone-{tags.tzinfo}", datetime.datetime(2026, 1, 2, tzinfo=CET), "is a time zone"),
     ("zone-{tags}", CET, r"field \{tags\} is a time zone"),
@@ -381,6 +396,7 @@ UNCARRIED: list[tuple[str, object, str]] = [
     ("obj-{tags}", Jsonable(), r"sends as its __json__\(\)"),
     ("map-{tags}", {"a": 1}, r"is a dict, whose keys JSON turns into strings"),
     ("text-{tags}", lazy(lambda: "text", str)(), "lazy text"),
+    ("day-{tags}", JsonDay(2026, 1, 2), r"sends as its __json__\(\)"),
 ]
 """Values whose text a worker could see otherwise (template, value, refusal)."""
 
@@ -488,6 +504,7 @@ SERIALIZED: list[tuple[str, object]] = [
     ("at-{ids}", datetime.date(2026, 1, 2)),
     ("at-{ids}", decimal.Decimal("1.10")),
     ("at-{ids}", uuid.UUID(int=7)),
+    ("at-{ids}", ShortIso(2026, 1, 2, 3, 4, 5, 123456)),
 ]
 
 
