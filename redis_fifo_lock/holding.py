@@ -14,7 +14,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from .errors import RedisUnavailable
+from .errors import LeaseLost, RedisUnavailable
 from .timeouts import within
 
 if TYPE_CHECKING:
@@ -86,22 +86,34 @@ async def _release_once(lock: FifoLock, lease: Lease) -> None:
         raise (lease.unreleased(failure) or failure) from None
 
 
-async def release_when_cancelled(name: str, release: asyncio.Task[None]) -> None:
-    """For a ``hold()`` whose block was cancelled: wait for its ``release`` task
-    (a duty of the loop's hub, running ``release_retrying``) at most
-    ``RELEASE_TRY_S``, so that a cancelled caller (a loop's shutdown among
+async def release_when_cancelled(name: str, lease: Lease, release: asyncio.Task[None]) -> None:
+    """For a ``hold()`` whose block was cancelled: wait for the ``release`` task
+    of ``lease`` (a duty of the loop's hub, running ``release_retrying``) at
+    most ``RELEASE_TRY_S``, so that a cancelled caller (a loop's shutdown among
     them) is not kept for every retry while Redis does not answer. The retries
     go on in the background; a closing loop gives them at most its
     ``CLOSING_S`` (``Hub.finish``), and a final failure is logged as a warning.
 
     Raises:
         What ``release_retrying`` raised, if it ended within that time.
+        LeaseLost: it did not end in time, and the lease had been lost while
+            held (``Lease.lost_while_held``): that is known whatever the
+            release comes to.
     """
     done, _ = await asyncio.wait({release}, timeout=RELEASE_TRY_S)
     if done:
         release.result()
         return
     keep_releasing(name, release)
+    if lease.lost_while_held:
+        raise LeaseLost(
+            name,
+            f"lease fence {lease.fence} had been given up for lost while held "
+            f"({lease.lost_reason}); the critical section may have overlapped with another "
+            "holder. Its release goes on in the background",
+            fence=lease.fence,
+            token=lease.token,
+        )
 
 
 def keep_releasing(name: str, release: asyncio.Task[None]) -> None:

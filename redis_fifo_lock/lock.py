@@ -348,7 +348,7 @@ class FifoLock:
             release = self.release_owed(lease)
             try:
                 if isinstance(error, asyncio.CancelledError):
-                    await release_when_cancelled(self.name, release)
+                    await release_when_cancelled(self.name, lease, release)
                 else:
                     await asyncio.shield(release)
             except Exception as failure:

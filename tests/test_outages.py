@@ -1743,3 +1743,29 @@ async def test_a_lease_that_ran_out_only_after_its_release_was_asked_is_not_call
     with pytest.raises(RedisUnavailable) as again:
         await lock.release(lease)
     assert not isinstance(again.value, LeaseLost)
+
+
+async def test_a_cancelled_hold_whose_lease_was_lost_carries_lease_lost(
+    redis_url: str, fault_proxy: FaultProxyFactory, clients: Callable[..., AsyncRedis]
+) -> None:
+    """helper-38: the cancelled block waits for the release's first try at most
+    RELEASE_TRY_S, as long as that try waits on a silent server: the block's
+    CancelledError came back with no fifolock_release_error, and the LeaseLost
+    was only logged, though the loss was known before anything was sent."""
+    proxy = fault_proxy(redis_url)
+    lock = _lost_lock(proxy, clients, "silent")
+    await warm_up(lock)
+    inside = asyncio.Event()
+
+    async def body() -> None:
+        async with lock.hold(timeout=5) as lease:
+            await _cut_off_until_lost(redis_url, proxy, clients, lease, "silent")
+            inside.set()
+            await asyncio.Event().wait()  # cancelled here
+
+    task = asyncio.create_task(body())
+    await asyncio.wait_for(inside.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as cancelled:
+        await task
+    assert isinstance(getattr(cancelled.value, "fifolock_release_error", None), LeaseLost)
