@@ -47,9 +47,11 @@ from redis_fifo_lock import (
     LoopClients,
     RedisUnavailable,
     SyncFifoLock,
+    holding,
     protocol,
 )
 from redis_fifo_lock import doorbell as doorbell_module
+from redis_fifo_lock import lock as lock_module
 from redis_fifo_lock.doorbell import LINGER_S
 from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
@@ -1745,13 +1747,11 @@ async def test_a_lease_that_ran_out_only_after_its_release_was_asked_is_not_call
     assert not isinstance(again.value, LeaseLost)
 
 
-async def test_a_cancelled_hold_whose_lease_was_lost_carries_lease_lost(
+async def _cancelled_lost_hold(
     redis_url: str, fault_proxy: FaultProxyFactory, clients: Callable[..., AsyncRedis]
-) -> None:
-    """helper-38: the cancelled block waits for the release's first try at most
-    RELEASE_TRY_S, as long as that try waits on a silent server: the block's
-    CancelledError came back with no fifolock_release_error, and the LeaseLost
-    was only logged, though the loss was known before anything was sent."""
+) -> object:
+    """A hold whose lease was lost (Redis silent), its block then cancelled: the
+    ``fifolock_release_error`` its CancelledError carries."""
     proxy = fault_proxy(redis_url)
     lock = _lost_lock(proxy, clients, "silent")
     await warm_up(lock)
@@ -1768,4 +1768,37 @@ async def test_a_cancelled_hold_whose_lease_was_lost_carries_lease_lost(
     task.cancel()
     with pytest.raises(asyncio.CancelledError) as cancelled:
         await task
-    assert isinstance(getattr(cancelled.value, "fifolock_release_error", None), LeaseLost)
+    return getattr(cancelled.value, "fifolock_release_error", None)
+
+
+async def test_a_cancelled_hold_whose_lease_was_lost_carries_lease_lost(
+    redis_url: str, fault_proxy: FaultProxyFactory, clients: Callable[..., AsyncRedis]
+) -> None:
+    """helper-38: the cancelled block waits for the release's first try at most
+    RELEASE_TRY_S, as long as that try waits on a silent server: the block's
+    CancelledError came back with no fifolock_release_error, and the LeaseLost
+    was only logged, though the loss was known before anything was sent."""
+    failure = await _cancelled_lost_hold(redis_url, fault_proxy, clients)
+    assert isinstance(failure, LeaseLost), failure
+
+
+async def _cancelled_without_the_loss(name: str, lease: Lease, release: asyncio.Task[None]) -> None:
+    """MUTANT cancelled-loss-unsaid: a cancelled hold waits for the release's
+    first try, and says nothing of a loss it knew (the bug before the test
+    above)."""
+    done, _ = await asyncio.wait({release}, timeout=holding.RELEASE_TRY_S)
+    if done:
+        release.result()
+        return
+    holding.keep_releasing(name, release)
+
+
+async def test_a_cancelled_lost_hold_kills_cancelled_loss_unsaid(
+    redis_url: str,
+    fault_proxy: FaultProxyFactory,
+    clients: Callable[..., AsyncRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lock_module, "release_when_cancelled", _cancelled_without_the_loss)
+    failure = await _cancelled_lost_hold(redis_url, fault_proxy, clients)
+    assert failure is None, "cancelled-loss-unsaid passed"
