@@ -24,6 +24,7 @@ GUARDS = [
     ("redis_fifo_lock.metrics", "_known_lock"),
     ("redis_fifo_lock.portal", "_portal_guard"),
     ("redis_fifo_lock.server", "_guard"),
+    ("redis_fifo_lock.tokens", "_guard"),
 ]
 """Every process-wide guard of the package (for ``calls``, its ``CallIds``)."""
 
