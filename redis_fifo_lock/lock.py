@@ -415,7 +415,7 @@ class FifoLock:
                 use.end()
             raise
         if use is not None:
-            use.granted(lease, self.settings.lease_ms / 1000)
+            use.granted(lease)
         return lease
 
     async def _request(self, given: str | None, wait_s: float | None) -> Lease:
@@ -820,7 +820,6 @@ class FifoLock:
         grant then expires with its lease."""
         try:
             await self._send_release(hub, token, fence, call)
-            tokens.dropped_released(self.keys, token)
         except (LockError, redis.RedisError) as exc:
             log.warning(
                 "FIFO lock %r: could not release the dropped lease of fence %d (%s); it "

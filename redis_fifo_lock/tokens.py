@@ -5,22 +5,20 @@ one process with the same token on one lock are one request to Redis: both
 callers would be handed the same grant and fence, and both would be inside at
 once. ``take`` refuses the second with ``LockUsageError``, whatever client,
 event loop or settings it goes through, from the moment the first acquire
-starts until it raised or its lease was released. A lease its holder dropped
-unreleased keeps its token in use until the background release of its grant
-is done, or its lease has run out: a request of that token taking the grant
-over meanwhile would be freed by that late release.
+starts until it raised or its lease was released or dropped. A request of the
+token of a dropped lease may take its grant over; the late background release
+of the dropped lease, sent under the call it replaced, leaves that grant alone
+(``release.lua`` checks the call, not only the token and fence).
 
 Only tokens given by a caller are recorded (fresh random ones never meet). An
-entry lives as long as its request or its lease (and a dropped lease's grant),
-so the record is bounded by the requests in flight and the leases held, never
-by the tokens ever used.
+entry lives as long as its request or its lease, so the record is bounded by
+the requests in flight and the leases held, never by the tokens ever used.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -52,17 +50,12 @@ class Use:
         pid: the process that took it (int); a child forked meanwhile has its
             own requests, and its parent's uses are none of its own.
         lease: a weak reference to the lease once granted; None while waiting.
-        lease_s: the lease's length in seconds (float), once granted.
-        dropped_until: once the lease was dropped unreleased, when
-            (``time.monotonic()``) its grant has run out at the latest.
     """
 
     keys: LockKeys
     token: str
     pid: int = field(default_factory=os.getpid)
     lease: weakref.ref[Lease] | None = None
-    lease_s: float = 0.0
-    dropped_until: float | None = None
 
     @property
     def live(self) -> bool:
@@ -71,21 +64,15 @@ class Use:
             return False
         if self.lease is None:
             return True
-        if self.dropped_until is not None:
-            return time.monotonic() < self.dropped_until
         lease = self.lease()
         return lease is not None and not lease.released
 
-    def granted(self, lease: Lease, lease_s: float) -> None:
-        """The request was granted ``lease`` (of ``lease_s`` seconds): in use
-        until it is released, or, dropped, until its grant is released or ran
-        out."""
-        self.lease_s = lease_s
+    def granted(self, lease: Lease) -> None:
+        """The request was granted ``lease``: in use until it is released or dropped."""
         self.lease = weakref.ref(lease, self._dropped)
 
     def _dropped(self, _: object) -> None:
-        self.dropped_until = time.monotonic() + self.lease_s
-        _forget_ended_drops()
+        self.end()
 
     def end(self) -> None:
         """The request raised, or its lease was released or dropped: the token
@@ -123,25 +110,6 @@ def released(keys: LockKeys, lease: Lease) -> None:
         use = _in_use.get((keys, lease.token))
         if use is not None and use.lease is not None and use.lease() is lease:
             del _in_use[(keys, lease.token)]
-
-
-def dropped_released(keys: LockKeys, token: str) -> None:
-    """The grant of a lease its holder dropped (token ``token``, lock of
-    ``keys``) was released in the background: the token is free again."""
-    with _guard:
-        use = _in_use.get((keys, token))
-        if use is not None and use.dropped_until is not None:
-            del _in_use[(keys, token)]
-
-
-def _forget_ended_drops() -> None:
-    """Forget the dropped leases whose grants have run out, whose background
-    release never came (it failed, or their loop had closed)."""
-    now = time.monotonic()
-    with _guard:
-        for key, use in list(_in_use.items()):
-            if use.dropped_until is not None and use.dropped_until <= now:
-                del _in_use[key]
 
 
 def in_use() -> int:

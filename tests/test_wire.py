@@ -24,7 +24,7 @@ from redis._parsers.encoders import Encoder
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
+from redis_fifo_lock import FifoLock, LeaseLost, LoopClients, SyncFifoLock
 from redis_fifo_lock.inventory import lock_names
 from redis_fifo_lock.protocol import PROTOCOL, LockKeys, Script
 from tests.support.polling import until
@@ -184,6 +184,8 @@ async def test_a_str_enum_token_is_sent_as_its_value(
     assert granted.token == "job-à" and type(granted.token) is str
     fence = enum.Enum("Fence", {"HELD": granted.fence}, type=int).HELD  # str(): "Fence.HELD"
     assert await waiter.force_release(fence) == granted.fence
+    with pytest.raises(LeaseLost):  # its holder learns, and its token is free again
+        await waiter.release(granted)
 
 
 async def test_a_name_with_spaces_rings_its_waiter(clients: dict[str, Redis]) -> None:

@@ -27,9 +27,12 @@ fence = tonumber(fence)
 local keep_ms = tonumber(whole(keep_text))
 local now, now_us = clock()
 advance(floor, now, keep_ms)
-local held = redis.call('HMGET', K_LEASE, 'token', 'fence')
+-- The call as well as the grant: a later call of the token may have taken the
+-- grant over (a retry, or a request made after its holder dropped the lease);
+-- a late release of the call it replaced must leave it to its new holder.
+local held = redis.call('HMGET', K_LEASE, 'token', 'fence', 'call')
 local result = -1
-if held[1] == token and tonumber(held[2]) == fence then
+if held[1] == token and tonumber(held[2]) == fence and held[3] == call then
     end_grant(call, ENDED_RELEASED, now)
     result = 1
 else

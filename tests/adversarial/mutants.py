@@ -853,7 +853,7 @@ MUTANTS: dict[str, Mutant] = {
             lua=(
                 Substitution(
                     ("release",),
-                    "if held[1] == token and tonumber(held[2]) == fence then",
+                    "if held[1] == token and tonumber(held[2]) == fence and held[3] == call then",
                     "if held[1] then -- MUTANT release-no-owner-check",
                 ),
             ),
