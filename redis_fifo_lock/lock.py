@@ -407,21 +407,19 @@ class FifoLock:
         """
         wait_s = check_timeout(timeout)
         given = None if token is None else check_token(token)
-        use = None if given is None else tokens.take(self.keys, given)
+        token = given or secrets.token_hex(16)
+        use = tokens.take(self.keys, token)
         try:
-            lease = await self._request(given, wait_s)
+            lease = await self._request(token, given, wait_s)
         except BaseException:
-            if use is not None:
-                use.end()
+            use.end()
             raise
-        if use is not None:
-            use.granted(lease)
+        use.granted(lease)
         return lease
 
-    async def _request(self, given: str | None, wait_s: float | None) -> Lease:
-        """``acquire``'s request, made with the caller's token ``given`` (None:
-        a fresh one), waiting at most ``wait_s`` seconds (None: no bound)."""
-        token = given or secrets.token_hex(16)
+    async def _request(self, token: str, given: str | None, wait_s: float | None) -> Lease:
+        """``acquire``'s request of ``token`` (the caller's, ``given``, or a
+        fresh one), waiting at most ``wait_s`` seconds (None: no bound)."""
         holder = holder_description()
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -1,4 +1,4 @@
-"""One token, one request: the tokens a process's callers gave, while in use.
+"""One token, one request: the tokens of a process's requests, while in use.
 
 A token names one request (``FifoLock.acquire(token=...)``). Two requests of
 one process with the same token on one lock are one request to Redis: both
@@ -10,9 +10,10 @@ token of a dropped lease may take its grant over; the late background release
 of the dropped lease, sent under the call it replaced, leaves that grant alone
 (``release.lua`` checks the call, not only the token and fence).
 
-Only tokens given by a caller are recorded (fresh random ones never meet). An
-entry lives as long as its request or its lease, so the record is bounded by
-the requests in flight and the leases held, never by the tokens ever used.
+Every request's token is recorded, fresh ones too: a caller may pass a lease's
+token (``lease.token``) to a later acquire. An entry lives as long as its
+request or its lease, so the record is bounded by the requests in flight and
+the leases held, never by the tokens ever used.
 """
 
 from __future__ import annotations

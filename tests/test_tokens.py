@@ -179,3 +179,13 @@ async def test_a_held_token_kills_token_used_twice(
     second: Lease = await lock.acquire(timeout=1, token="job-1")
     assert second.fence == first.fence, "token-used-twice passed"
     await lock.release(second)  # the later call holds the grant now
+
+
+async def test_a_held_lease_s_own_fresh_token_passed_again_is_refused(aredis: Redis) -> None:
+    """A lease's token (``lease.token``) is fresh unless the caller gave one; it
+    names one request all the same."""
+    lock = FifoLock(aredis, "token-fresh", **FAST)
+    lease = await lock.acquire(timeout=5)
+    with pytest.raises(LockUsageError, match="already holds this lock"):
+        await lock.acquire(timeout=1, token=lease.token)
+    await lock.release(lease)
