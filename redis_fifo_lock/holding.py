@@ -14,7 +14,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from .errors import LeaseLost, RedisUnavailable
+from .errors import RedisUnavailable
 from .timeouts import within
 
 if TYPE_CHECKING:
@@ -106,14 +106,7 @@ async def release_when_cancelled(name: str, lease: Lease, release: asyncio.Task[
         return
     keep_releasing(name, release)
     if lease.lost_while_held:
-        raise LeaseLost(
-            name,
-            f"lease fence {lease.fence} had been given up for lost while held "
-            f"({lease.lost_reason}); the critical section may have overlapped with another "
-            "holder. Its release goes on in the background",
-            fence=lease.fence,
-            token=lease.token,
-        )
+        raise lease.lost_error("its release goes on in the background")
 
 
 def keep_releasing(name: str, release: asyncio.Task[None]) -> None:

@@ -118,12 +118,19 @@ class Lease:
         raises ``failure``, and can be tried again)."""
         if not self._lost_when_asked:
             return None
+        return self.lost_error(
+            f"its release could not reach Redis ({failure.reason}), and Redis frees the lock "
+            "by itself"
+        )
+
+    def lost_error(self, then: str) -> LeaseLost:
+        """The ``LeaseLost`` of this lease, given up for lost while held, saying
+        what came of its release (``then``, str)."""
         return LeaseLost(
             self.name,
             f"lease fence {self.fence} had been given up for lost while held "
-            f"({self.lost_reason}), and its release could not reach Redis "
-            f"({failure.reason}); the critical section may have overlapped with another "
-            "holder. The lease is no longer renewed: Redis frees the lock by itself",
+            f"({self.lost_reason}); {then}; the critical section may have overlapped with "
+            "another holder",
             fence=self.fence,
             token=self.token,
         )

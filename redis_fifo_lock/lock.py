@@ -771,14 +771,7 @@ class FifoLock:
                 token=lease.token,
             )
         if lease.lost_while_held or lease.lost_reason is not None:
-            raise LeaseLost(
-                self.name,
-                f"lease fence {lease.fence} was released, but it had been given up for lost "
-                f"while held ({lease.lost_reason}); the critical section may have "
-                "overlapped with another holder",
-                fence=lease.fence,
-                token=lease.token,
-            )
+            raise lease.lost_error("it was released")
         if handed_over:
             # The next holder waits in this process, woken but not yet run: it
             # goes first, before this task goes on with its own work (its next
