@@ -113,6 +113,8 @@ def released(keys: LockKeys, lease: Lease) -> None:
             del _in_use[(keys, lease.token)]
 
 
-def in_use() -> int:
-    """How many tokens are in use in this process (int), for tests of the bound."""
-    return len(_in_use)
+def in_use(keys: LockKeys | None = None) -> int:
+    """How many tokens are in use in this process (int), on the lock of ``keys``
+    or (None, the default) on any lock; for tests of the bound."""
+    with _guard:
+        return sum(1 for lock, _ in _in_use if keys is None or lock == keys)
