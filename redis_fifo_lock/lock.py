@@ -79,18 +79,21 @@ counted from when it began, even when its ``timeout`` is shorter (so that
 ``timeout=0`` still tries once)."""
 
 
-async def _within(awaitable: Awaitable[T], started: float, deadline: float | None) -> T:
+async def _within(
+    awaitable: Awaitable[T], started: float, deadline: float | None, *, floor_s: float
+) -> T:
     """Await ``awaitable``, a script call of the ``acquire`` that began at loop
     time ``started``, raising ``asyncio.TimeoutError`` at loop time ``deadline``
-    (or ``ATTEMPT_FLOOR_S`` after ``started``, if that is later). Past that, the
-    call is not sent at all: a later call of an acquire gets no floor of its own,
-    so that calls made again on a slow link never carry it past its timeout.
+    (or ``floor_s`` seconds after ``started``, if that is later: the lock's
+    ``_attempt_floor_s``). Past that, the call is not sent at all: a later call
+    of an acquire gets no floor of its own, so that calls made again on a slow
+    link never carry it past its timeout.
 
     A cancellation of the caller is never lost (see ``timeouts.within``).
     """
     if deadline is None:
         return await awaitable
-    left_s = max(deadline, started + ATTEMPT_FLOOR_S) - asyncio.get_running_loop().time()
+    left_s = max(deadline, started + floor_s) - asyncio.get_running_loop().time()
     if left_s <= 0:
         if isinstance(awaitable, Coroutine):
             awaitable.close()
@@ -304,6 +307,10 @@ class FifoLock:
         self._protocol: Protocol = PROTOCOL.acknowledged(
             self.settings.replicas, self.settings.ack_wait_ms
         )
+        # One try of an acquire includes its wait for the replicas' acknowledgement.
+        self._attempt_floor_s = ATTEMPT_FLOOR_S + (
+            self.settings.ack_wait_ms / 1000 if self.settings.replicas else 0
+        )
 
     def __repr__(self) -> str:
         return f"<FifoLock {self.name!r} lease_ms={self.settings.lease_ms}>"
@@ -374,7 +381,8 @@ class FifoLock:
                 It bounds the whole call, also when Redis stops answering or
                 answers slowly: ``LockTimeout`` comes at most
                 ``WITHDRAW_GRACE_S`` after the larger of ``timeout`` and
-                ``ATTEMPT_FLOOR_S``.
+                ``ATTEMPT_FLOOR_S`` (plus ``ack_wait_ms`` with ``replicas``, so
+                that one try waits for the acknowledgement).
             token: identity of this request (str without whitespace, at most
                 128 characters). Retrying with the same token while the request
                 is queued keeps its place, or returns the grant if it was already
@@ -514,7 +522,7 @@ class FifoLock:
         try:
             try:
                 grant, ticket, holder_fence, holder_pttl_ms = await _within(
-                    send(), started, deadline
+                    send(), started, deadline, floor_s=self._attempt_floor_s
                 )
             except BaseException:
                 if not requeue:
@@ -584,7 +592,12 @@ class FifoLock:
             return None  # its acquire has not replied: nothing to claim yet
         sent = time.monotonic()
         try:
-            reply = await _within(group.claim(waiter.token, waiter.ticket), started, deadline)
+            reply = await _within(
+                group.claim(waiter.token, waiter.ticket),
+                started,
+                deadline,
+                floor_s=self._attempt_floor_s,
+            )
         except asyncio.TimeoutError:
             withdrawn = await self._give_up(hub, group, waiter)
             raise self._timed_out(group, started, deadline, withdrawn=withdrawn) from None

@@ -22,11 +22,13 @@ from redis_fifo_lock import (
     FifoLock,
     LeaseLost,
     LockSettings,
+    LockTimeout,
     LockUsageError,
     LoopClients,
     NotReplicated,
     SyncFifoLock,
 )
+from redis_fifo_lock import lock as lock_module
 from redis_fifo_lock.protocol import PROTOCOL, LockKeys
 from redis_fifo_lock.settings import MAX_REPLICAS
 from redis_fifo_lock.testing import PrivateRedis, PrivateRedisFactory
@@ -144,6 +146,31 @@ async def test_a_grant_no_replica_acknowledged_is_given_back_and_raises(aredis: 
     assert caught.value.name == "alone"
     status = await lock.status()
     assert (status.held, status.waiting) == (False, 0) and status.last_fence > 0
+
+
+@pytest.mark.parametrize("timeout", [0, 0.1])
+async def test_a_short_timeout_still_waits_for_the_acknowledgement(
+    aredis: Redis, timeout: float
+) -> None:
+    # One try includes the wait for replicas: a timeout shorter than that wait
+    # must not pass off "no replica acknowledged" as a busy lock.
+    lock = FifoLock(aredis, "alone-now", lease_ms=30_000, poll_ms=500, replicas=1)
+    assert lock.settings.ack_wait_ms == 1000
+    with pytest.raises(NotReplicated) as caught:
+        await lock.acquire(timeout=timeout)
+    assert (caught.value.replicas, caught.value.acknowledged) == (1, 0)
+    status = await lock.status()
+    assert (status.held, status.waiting) == (False, 0)
+
+
+async def test_a_zero_timeout_kills_floor_without_ack_wait(aredis: Redis) -> None:
+    """MUTANT floor-without-ack-wait: one try of an acquire gets the plain
+    ``ATTEMPT_FLOOR_S``, shorter than its wait for replicas (the bug before the
+    test above): "no replica acknowledged" came out as a ``LockTimeout``."""
+    lock = FifoLock(aredis, "alone-mutant", lease_ms=30_000, poll_ms=500, replicas=1)
+    lock._attempt_floor_s = lock_module.ATTEMPT_FLOOR_S
+    with pytest.raises(LockTimeout, match="holder fence None"):
+        await lock.acquire(timeout=0)
 
 
 async def test_acknowledged_grants_and_renewals_keep_the_lock_past_many_leases(

@@ -628,15 +628,17 @@ class RetryTrustingHub(Hub):
         super().retry_ended(keys, token, answered=True)
 
 
-async def _floor_for_each_call(awaitable: Any, started: float, deadline: float | None) -> Any:
+async def _floor_for_each_call(
+    awaitable: Any, started: float, deadline: float | None, *, floor_s: float
+) -> Any:
     """MUTANT attempt-floor-each-call: every script call of an acquire is given
-    ``ATTEMPT_FLOOR_S`` however little of its timeout is left (the bug before
+    its attempt floor however little of its timeout is left (the bug before
     this change): on a link slower than the lease, each call made again after
     a late grant carries ``acquire`` further past its timeout."""
     if deadline is None:
         return await awaitable
     left_s = deadline - asyncio.get_running_loop().time()
-    return await within(awaitable, max(left_s, lock_module.ATTEMPT_FLOOR_S))
+    return await within(awaitable, max(left_s, floor_s))
 
 
 class ErrorEndsWithdrawerHub(Hub):
