@@ -25,6 +25,7 @@ from redis.asyncio.sentinel import Sentinel
 from .connection import check_options, check_url, masked_kwargs, masked_url, node_address
 from .loops import close_client, contexts, loop_context
 from .protocol import CALL_TIMEOUT_S, AsyncClient
+from .waiting import check_pool_size
 
 SSL_OPTIONS = frozenset(
     name for name in inspect.signature(SSLConnection.__init__).parameters if name.startswith("ssl_")
@@ -162,9 +163,10 @@ class LoopClients:
             connection takes (see ``redis_fifo_lock.connection.check_options``).
         ValueError: ``url`` is not a ``redis://``, ``rediss://`` or ``unix://``
             URL redis-py can parse (see ``redis_fifo_lock.connection.check_url``),
-            ``ssl=False`` with other TLS options, TLS on a unix socket, or an
+            ``ssl=False`` with other TLS options, TLS on a unix socket, an
             option value redis-py refuses (``protocol`` other than 2 or 3, an
-            unknown ``ssl_cert_reqs``).
+            unknown ``ssl_cert_reqs``), or ``max_connections`` below the 4 a
+            lock may use on one loop (``waiting.check_pool_size``).
 
     ``client()`` must be called on a running loop. The clients are kept in
     each loop's ``LoopContext`` (``redis_fifo_lock.loops``), per loop and
@@ -209,6 +211,7 @@ class LoopClients:
         self._options_known = factory is None
         if factory is None:
             check_options(self._plain, url, connection_kwargs, "LoopClients")
+            check_pool_size("LoopClients", self._plain())
 
     @classmethod
     def cluster(

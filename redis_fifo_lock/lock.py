@@ -58,7 +58,7 @@ from .protocol import (
 from .renewal import end_renewal, start_renewal
 from .settings import LockOptions, LockSettings, check_name, check_namespace, shown_value
 from .timeouts import cancelling, within
-from .waiting import Hub, Waiter, WaitGroup, hub_for
+from .waiting import Hub, Waiter, WaitGroup, check_pool_size, hub_for
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -255,8 +255,10 @@ class FifoLock:
 
     Raises:
         ValueError: naming the setting, for a bad name, namespace, settings,
-            ``name_template`` or ``integration``, or ``replicas`` with a
-            ``RedisCluster`` client.
+            ``name_template`` or ``integration``, ``replicas`` with a
+            ``RedisCluster`` client, or a client whose pool allows fewer than
+            the 4 connections a lock may use on one loop
+            (``waiting.check_pool_size``).
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
             client or a ``LoopClients`` (a URL string among them: the message
@@ -301,6 +303,8 @@ class FifoLock:
             )
         self.settings = lock_settings(name, redis_client, settings, options)
         check_text_options(name, redis_client)
+        if not isinstance(redis_client, LoopClients):
+            check_pool_size(f"FIFO lock {name!r}", redis_client)
         self.clients = redis_client if isinstance(redis_client, LoopClients) else None
         self._client = None if isinstance(redis_client, LoopClients) else redis_client
         self.keys = LockKeys(self.name, check_namespace(namespace))

@@ -83,6 +83,10 @@ MAX_URGENT_CALLS = 1
 they never queue behind enqueues, claims and polls (with the doorbell: at most 4
 connections per hub)."""
 
+HUB_CONNECTIONS = MAX_CONCURRENT_CALLS + MAX_URGENT_CALLS + 1
+"""Connections one hub (one client on one event loop) may have open at once:
+its two lanes' calls and the doorbell's subscription."""
+
 EXPIRY_MARGIN_S = 0.002
 """How long after a lease is due to run out, in seconds, the poll that looks for
 its end is sent."""
@@ -1205,11 +1209,36 @@ def _digest_of(settings: LockSettings) -> str:
     return hashlib.blake2s(repr(settings).encode(), digest_size=4).hexdigest()
 
 
+def check_pool_size(where: str, client: object) -> None:
+    """Refuse ``client`` (a redis.asyncio client) when its connection pool
+    allows fewer than ``HUB_CONNECTIONS`` connections: the calls beyond its
+    size would fail with "Too many connections" as if Redis were out of reach
+    (with one, no release goes through). A ``RedisCluster``, whose pools are per
+    node, is not checked.
+
+    Raises:
+        ValueError: ``max_connections`` below ``HUB_CONNECTIONS``, naming ``where``.
+    """
+    limit = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    if isinstance(limit, int) and limit < HUB_CONNECTIONS:
+        raise ValueError(
+            f"{where}: max_connections of the client's pool is {limit}; the lock needs "
+            f"{HUB_CONNECTIONS} connections on each event loop that uses it (its calls, "
+            "its renewals and releases, its doorbell); raise max_connections to "
+            f"{HUB_CONNECTIONS} or more, plus what your own commands use on the same client"
+        )
+
+
 def hub_for(client: AsyncClient) -> Hub:
     """The hub of ``client`` on the running event loop, kept in the loop's
-    ``LoopContext`` and created on first use."""
+    ``LoopContext`` and created on first use.
+
+    Raises:
+        ValueError: as ``check_pool_size`` (a client a ``LoopClients`` factory built).
+    """
     hubs = loop_context().hubs
     hub = hubs.get(client)
     if hub is None:
+        check_pool_size("FIFO lock", client)
         hub = hubs[client] = Hub(client)
     return hub

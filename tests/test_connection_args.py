@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,9 +10,17 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, ConnectionPool
 
-from redis_fifo_lock import FifoLock, LoopClients, SyncFifoLock
+from redis_fifo_lock import (
+    FifoLock,
+    LoopClients,
+    RedisUnavailable,
+    SyncFifoLock,
+    waiting,
+)
 from redis_fifo_lock import connection as connection_module
+from redis_fifo_lock import lock as lock_module
 from redis_fifo_lock.connection import CHECKED_MAX
+from tests.support.polling import until
 
 
 def test_a_url_given_to_fifo_lock_is_a_type_error_pointing_at_loop_clients(
@@ -176,3 +185,63 @@ async def test_supported_urls_still_make_working_locks(redis_url: str, aredis: R
             assert lease.fence > 0
     LoopClients("rediss://tls.example:6380/0")
     LoopClients("unix:///run/redis.sock?db=2")
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_a_pool_smaller_than_one_loop_s_connections_is_refused_when_the_lock_is_built(
+    redis_url: str, limit: int
+) -> None:
+    """A lock on one event loop may have 4 connections open at once (its two
+    lanes of calls, the renewal and release lane, the doorbell). With fewer,
+    every call beyond the pool's size failed with "Too many connections" and
+    was retried as an outage: with 1, no release ever went through."""
+    match = rf"max_connections of .* is {limit}; .* needs 4 connections"
+    with pytest.raises(ValueError, match=match):
+        SyncFifoLock(f"{redis_url}?max_connections={limit}", "jobs")
+    with pytest.raises(ValueError, match=match):
+        LoopClients(redis_url, max_connections=limit)
+    with pytest.raises(ValueError, match=match):
+        FifoLock(Redis.from_url(redis_url, max_connections=limit), "jobs")
+
+
+async def _waiting(lock: FifoLock) -> int:
+    return (await lock.status()).waiting
+
+
+async def test_a_pool_of_four_serves_a_contended_lock(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clients = LoopClients(redis_url, max_connections=4)
+    lock = FifoLock(clients, "four", lease_ms=2000, poll_ms=500)
+    held = await lock.acquire(timeout=5)
+    waiting = asyncio.ensure_future(lock.acquire(timeout=5))
+    await until(lambda: _waiting(lock), "the second acquire is queued")
+    await lock.release(held)
+    await lock.release(await waiting)
+    await clients.aclose()
+    assert "Too many connections" not in caplog.text
+
+
+def _never_refuses_a_pool(where: str, client: object) -> None:
+    """MUTANT pool-size-unchecked: any pool is taken, however small (before the
+    check): a lock on a pool of one connection cannot release."""
+
+
+async def test_a_pool_of_one_kills_pool_size_unchecked(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lock_module, "check_pool_size", _never_refuses_a_pool)
+    monkeypatch.setattr(waiting, "check_pool_size", _never_refuses_a_pool)
+    client = Redis.from_url(redis_url, max_connections=1)
+    lock = FifoLock(client, "one-connection", lease_ms=1000, poll_ms=200)
+    held = await lock.acquire(timeout=5)
+    outcomes = await asyncio.gather(
+        lock.acquire(timeout=2), lock.release(held), return_exceptions=True
+    )
+    failures = [
+        outcome
+        for outcome in outcomes
+        if isinstance(outcome, RedisUnavailable) and "Too many connections" in str(outcome)
+    ]
+    assert failures, f"pool-size-unchecked passed: {outcomes}"
+    await client.aclose()

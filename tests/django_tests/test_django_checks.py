@@ -269,3 +269,21 @@ def test_deploy_still_warns_when_an_acl_refuses_config_get(
     assert isinstance(message, Warning)
     assert message.id == "fifolock.W001"
     assert "pw@" not in message.msg
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("django-redis", {"CONNECTION_POOL_KWARGS": {"max_connections": 2}}),
+        ("builtin", {"max_connections": 3}),
+    ],
+)
+def test_a_pool_too_small_for_a_lock_fails_the_checks(
+    redis_url: str, backend: str, options: dict[str, Any]
+) -> None:
+    """With ``max_connections`` 1, a lock's release never went through (the
+    doorbell held the one connection), yet the checks passed."""
+    with override_settings(CACHES=lock_caches(redis_url, backend, **options)):
+        [message] = fifolock_messages()
+    assert message.id == "fifolock.E004"
+    assert "max_connections" in message.msg and "needs 4 connections" in message.msg
