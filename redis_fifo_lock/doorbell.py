@@ -111,6 +111,18 @@ may wait for ever for a lost handshake reply (a client with no
 one probe per ``IDLE_PROBE_S`` per doorbell, and none while rings or
 confirmations are read."""
 
+BLOCKING_READ_UNBOUNDED = redis.VERSION[0] >= 8
+"""Whether redis-py reads a pub/sub message with ``get_message(timeout=None)``
+for as long as it takes. Before redis-py 8 that read takes the client's
+``socket_timeout`` as its bound, and at its end raises ``TimeoutError`` and
+drops the connection: a quiet subscription was rebuilt (a new connection, a
+``SUBSCRIBE`` and a poll) every ``socket_timeout`` (see ``read_slice_s``)."""
+
+READ_SLICE_S = 5.0
+"""How long, in seconds, one read of the subscription waits for a message,
+where ``BLOCKING_READ_UNBOUNDED`` is false and the client has a
+``socket_timeout``; the reader then reads again."""
+
 IDLE_PROBE_TIMEOUT_S = 2.0
 """How long, in seconds, the probe of a quiet subscription (``IDLE_PROBE_S``)
 may go unanswered. Longer than ``PROBE_TIMEOUT_S``, as no wait is starting
@@ -582,8 +594,9 @@ class Doorbell:
                 # Cancelled, and the cancellation swallowed by redis-py as it
                 # reconnected: reading on would keep a closing loop waiting.
                 raise asyncio.CancelledError
+            slice_s = read_slice_s(pubsub)
             try:
-                message = await pubsub.get_message(timeout=None)
+                message = await pubsub.get_message(timeout=slice_s)
             except asyncio.CancelledError:
                 raise
             except NoPermissionError as exc:
@@ -625,6 +638,8 @@ class Doorbell:
                 await self._resubscribe(pubsub)
                 continue
             failures = 0
+            if message is None and slice_s is not None:
+                continue  # a quiet slice: nothing was read, as the idle probe counts
             self._last_read = asyncio.get_running_loop().time()
             if message is not None:
                 encoder = pubsub.encoder
@@ -888,6 +903,17 @@ def _warn_no_pubsub(client: AsyncClient) -> None:
 def _subscribed(confirmed: asyncio.Future[ResponseError | None] | None) -> bool:
     """Whether a channel's confirmation says Redis confirmed its subscription."""
     return confirmed is not None and confirmed.done() and confirmed.result() is None
+
+
+def read_slice_s(pubsub: PubSub) -> float | None:
+    """The ``timeout`` (seconds) for the reader's ``get_message`` on ``pubsub``:
+    None (for as long as it takes) where redis-py reads so, else
+    ``READ_SLICE_S``, an explicit bound whose end redis-py reports as no message
+    rather than as a failure of the connection."""
+    connection = pubsub.connection
+    if BLOCKING_READ_UNBOUNDED or getattr(connection, "socket_timeout", None) is None:
+        return None
+    return READ_SLICE_S
 
 
 def _connected(pubsub: PubSub) -> bool:

@@ -26,6 +26,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock import doorbell as doorbell_module
@@ -135,7 +136,14 @@ async def test_no_more_than_max_lingering_channels_stay_subscribed(
     names = [f"many-{n}" for n in range(MAX_LINGERING + 8)]
     for name in names:
         await _wait_once(FifoLock(aredis, name, **SETTINGS), FifoLock(client, name, **SETTINGS))
-    assert 0 < len(await _doorbells(aredis)) <= MAX_LINGERING
+
+    async def within_bound() -> bool:
+        # The UNSUBSCRIBE of the channel dropped last may still be on its way.
+        return 0 < len(await _doorbells(aredis)) <= MAX_LINGERING
+
+    await until(
+        within_bound, f"at most {MAX_LINGERING} channels subscribed", LINGER_S / 4, pause_s=0.01
+    )
     await client.aclose()
 
 
@@ -717,3 +725,77 @@ async def test_a_subscribe_whose_reconnection_is_never_answered_holds_no_watch_u
 
 async def _channel_count(admin: Redis, name: str) -> int:
     return len([c for c in await _doorbells(admin) if name.encode() in c])
+
+
+def _reads_as_before_redis_py_8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``PubSub.get_message(timeout=None)`` end as it does before redis-py
+    8: after the client's ``socket_timeout`` of silence, the connection is
+    dropped and ``TimeoutError`` raised (a blocking pub/sub read took the
+    client's read bound); and have the doorbell know it."""
+    original = PubSub.get_message
+
+    async def get_message(
+        self: PubSub, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0
+    ) -> Any:
+        bound = getattr(self.connection, "socket_timeout", None)
+        if timeout is not None or bound is None or self.connection is None:
+            return await original(self, ignore_subscribe_messages, timeout)
+        message = await original(self, ignore_subscribe_messages, bound)
+        if message is None:
+            await self.connection.disconnect()
+            raise RedisTimeoutError("Timeout reading from the subscription")
+        return message
+
+    monkeypatch.setattr(PubSub, "get_message", get_message)
+    monkeypatch.setattr(doorbell_module, "BLOCKING_READ_UNBOUNDED", False)
+
+
+async def _quiet_wait(aredis: Redis, redis_url: str, name: str) -> tuple[int, int, float]:
+    """A waiter on a client with a 0.2 s ``socket_timeout`` waits on a held lock
+    for a while: (SUBSCRIBEs sent, connections opened, seconds measured)."""
+    client = Redis.from_url(redis_url, socket_timeout=0.2)
+    held = await FifoLock(aredis, name, **SETTINGS).acquire(timeout=5)
+    waiting = asyncio.create_task(FifoLock(client, name, **SETTINGS).acquire(timeout=30))
+    await until(lambda: _doorbells(aredis), "the waiter subscribed", pause_s=0.01)
+    before = await _subscribes(aredis), await _connections(aredis), time.monotonic()
+    await asyncio.sleep(2.0)  # the span measured, not a synchronisation
+    after = await _subscribes(aredis), await _connections(aredis), time.monotonic()
+    await FifoLock(aredis, name, **SETTINGS).release(held)
+    await FifoLock(client, name, **SETTINGS).release(await waiting)
+    await client.aclose()
+    return after[0] - before[0], after[1] - before[1], after[2] - before[2]
+
+
+async def _connections(admin: Redis) -> int:
+    return int((await admin.info("stats"))["total_connections_received"])
+
+
+@pytest.mark.parametrize("reads", ["this redis-py", "as before redis-py 8"])
+async def test_a_socket_timeout_does_not_make_a_quiet_subscription_reconnect(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch, reads: str
+) -> None:
+    """Before redis-py 8 a blocking pub/sub read takes the client's
+    ``socket_timeout`` as its bound, and at its end drops the connection: a
+    quiet subscription was rebuilt every ``socket_timeout`` (a new connection,
+    a SUBSCRIBE and a poll each time, and an INFO line every 5 s with a 5 s
+    timeout). The reader now reads in slices of its own there."""
+    if reads != "this redis-py":
+        _reads_as_before_redis_py_8(monkeypatch)
+    subscribes, connections, spent = await _quiet_wait(aredis, redis_url, "quiet-timeout")
+    assert connections == 0, f"{connections} new connections in {spent:.1f} s"
+    assert subscribes <= spent / IDLE_PROBE_S + 1, f"{subscribes} SUBSCRIBEs in {spent:.1f} s"
+
+
+def _reads_without_a_slice(pubsub: PubSub) -> None:
+    """MUTANT read-bounded-by-socket-timeout: the reader's read is left
+    unbounded whatever redis-py does with it (before the test above)."""
+    return None
+
+
+async def test_a_socket_timeout_kills_read_bounded_by_socket_timeout(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _reads_as_before_redis_py_8(monkeypatch)
+    monkeypatch.setattr(doorbell_module, "read_slice_s", _reads_without_a_slice)
+    _, connections, _ = await _quiet_wait(aredis, redis_url, "quiet-timeout-mutant")
+    assert connections > 0, "read-bounded-by-socket-timeout passed"
