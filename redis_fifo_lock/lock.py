@@ -262,7 +262,8 @@ class FifoLock:
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``
             client or a ``LoopClients`` (a URL string among them: the message
-            points to ``LockServer.server(url).clients()``).
+            points to ``LockServer.server(url).clients()``), or
+            ``name_template`` is neither a str nor None.
 
     Instances are cheap and hold no ownership: they can be shared by many
     tasks, and made per call.

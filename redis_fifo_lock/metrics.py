@@ -131,16 +131,21 @@ def lock_labels(name: str, name_template: str | None, integration: str = "core")
         integration: ``"core"`` (default), ``"django"`` or ``"celery"``.
 
     Raises:
-        ValueError: ``name_template`` is not a str of 1 to ``MAX_TEMPLATE_LENGTH``
+        TypeError: ``name_template`` is neither a str nor None.
+        ValueError: ``name_template`` is not of 1 to ``MAX_TEMPLATE_LENGTH``
             characters, or ``integration`` is not one of ``INTEGRATIONS``.
     """
     if name_template is None:
         name_template = DEFAULT_NAME_TEMPLATE
-    elif not isinstance(name_template, str) or not 0 < len(name_template) <= MAX_TEMPLATE_LENGTH:
+    elif not isinstance(name_template, str):
+        raise TypeError(
+            f"FIFO lock {name!r}: name_template must be a str (the template the name "
+            f"was filled in from) or None, got {type(name_template).__name__}"
+        )
+    elif not 0 < len(name_template) <= MAX_TEMPLATE_LENGTH:
         raise ValueError(
             f"FIFO lock {name!r}: name_template must be a str of 1 to {MAX_TEMPLATE_LENGTH} "
-            f"characters or None, got {type(name_template).__name__} of length "
-            f"{len(str(name_template))}"
+            f"characters or None, got one of {len(name_template)}"
         )
     if integration not in INTEGRATIONS:
         raise ValueError(

@@ -274,6 +274,16 @@ def test_bad_labels_are_refused_at_construction(
     assert "jobs-9" in str(caught.value)
 
 
+@pytest.mark.parametrize("template", [5, b"jobs-{id}", ["jobs-{id}"]])
+def test_a_name_template_that_is_no_str_is_a_type_error_naming_its_type(
+    aredis: Redis, template: object
+) -> None:
+    with pytest.raises(
+        TypeError, match=rf"name_template must be a str .*{type(template).__name__}$"
+    ):
+        FifoLock(aredis, "jobs-9", name_template=template)  # type: ignore[arg-type]
+
+
 NO_OTEL = """
 import asyncio, sys
 sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
