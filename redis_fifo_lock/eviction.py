@@ -34,7 +34,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from .protocol import AsyncClient
+from .protocol import AsyncClient, lost_in_transport
 
 log = logging.getLogger("redis_fifo_lock")
 
@@ -136,9 +136,17 @@ async def check_eviction_policy(
                 exc,
             )
         return
-    except (RedisError, RedisClusterException, OSError, asyncio.TimeoutError):
+    except (RedisError, RedisClusterException, OSError, asyncio.TimeoutError, TypeError) as exc:
+        if isinstance(exc, TypeError) and not lost_in_transport(exc):
+            raise
         with _guard:
             state.checked_at = previous  # not asked: the next use asks again
+        return
+    except AttributeError as exc:
+        if not lost_in_transport(exc):
+            raise
+        with _guard:
+            state.checked_at = previous
         return
     with _guard:
         state.known = True

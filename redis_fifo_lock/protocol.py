@@ -18,6 +18,7 @@ import codecs
 import copy
 import functools
 import hashlib
+import os
 import re
 import secrets
 import sys
@@ -446,8 +447,11 @@ class Protocol:
             return await bounded(client, call)
         except asyncio.TimeoutError:
             raise _silent(keys, script) from None
-        except (AttributeError, RedisError, RedisClusterException) as exc:
-            if isinstance(exc, AttributeError) and not isinstance(client, RedisCluster):
+        except (AttributeError, TypeError, RedisError, RedisClusterException) as exc:
+            if isinstance(exc, (AttributeError, TypeError)) and not (
+                lost_in_transport(exc)
+                or (isinstance(exc, AttributeError) and isinstance(client, RedisCluster))
+            ):
                 raise
             raise _unavailable(keys, script, exc, self.scripts[script].commands) from exc
 
@@ -747,11 +751,39 @@ def _silent(keys: LockKeys, script: str, waiting_s: float = 0.0) -> RedisUnavail
     )
 
 
+_TRANSPORT_FILES = frozenset(
+    os.path.join(os.path.dirname(asyncio.__file__), module)
+    for module in ("selector_events.py", "sslproto.py", "transports.py", "streams.py")
+)
+
+
+def lost_in_transport(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``AttributeError`` or ``TypeError`` that asyncio's
+    transport raised as redis-py wrote to a connection asyncio already knew
+    was lost: on Python 3.12 and 3.13 before the fix of CPython gh-136234,
+    ``_SelectorSocketTransport.writelines`` then uses the event loop that the
+    lost connection let go of. An outage, not a bug of the caller's."""
+    if not isinstance(exc, (AttributeError, TypeError)) or exc.__traceback__ is None:
+        return False
+    last = exc.__traceback__
+    while last.tb_next is not None:
+        last = last.tb_next
+    return last.tb_frame.f_code.co_filename in _TRANSPORT_FILES
+
+
 def _unavailable(
     keys: LockKeys, script: str, exc: Exception, commands: tuple[str, ...] = ()
 ) -> RedisUnavailable:
     """The ``RedisUnavailable`` (naming the lock, saying what to do) to raise for
     ``exc``, raised by redis-py while running ``script``, which calls ``commands``."""
+    if lost_in_transport(exc):
+        return RedisUnavailable(
+            keys.name,
+            f"the connection was lost as the {script} script was sent (asyncio raised "
+            f"{type(exc).__name__}: {exc}); it did not run: check that the server is "
+            "reachable, and retry",
+            cause=exc,
+        )
     if isinstance(exc, AttributeError):
         # Only from a RedisCluster client, which can close a node's connections
         # (on a topology refresh during a slot migration or failover) while a

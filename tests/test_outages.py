@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import weakref
+from asyncio import selector_events
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -52,6 +53,7 @@ from redis_fifo_lock import (
 )
 from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock import lock as lock_module
+from redis_fifo_lock import protocol as protocol_module
 from redis_fifo_lock.doorbell import LINGER_S
 from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
@@ -1809,3 +1811,85 @@ async def test_a_cancelled_lost_hold_kills_cancelled_loss_unsaid(
     monkeypatch.setattr(lock_module, "release_when_cancelled", _cancelled_without_the_loss)
     failure = await _cancelled_lost_hold(redis_url, fault_proxy, clients)
     assert failure is None, "cancelled-loss-unsaid passed"
+
+
+_WRITELINES_AS_IN_3_13_0 = """
+def writelines(self, list_of_data):
+    if self._conn_lost:
+        # Python 3.12 and 3.13 before CPython gh-136234: the loop the lost
+        # connection dropped is used to wait for the socket to be writable.
+        raise AttributeError("'NoneType' object has no attribute '_add_writer'")
+    self.write(b"".join(list_of_data))
+"""
+
+
+def _writelines_as_in_3_13_0() -> Callable[..., None]:
+    """``_SelectorSocketTransport.writelines`` as Python 3.12 and 3.13 had it
+    before CPython gh-136234 fixed it, for a connection already lost: an
+    ``AttributeError`` raised inside asyncio (compiled as asyncio's own code,
+    so that its traceback ends there, as the real one does)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(_WRITELINES_AS_IN_3_13_0, selector_events.__file__, "exec"), namespace)
+    return namespace["writelines"]  # type: ignore[no-any-return]
+
+
+async def _release_on_a_lost_connection(
+    proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch, name: str
+) -> BaseException | None:
+    """Acquire through ``proxy``, reset the connection, let asyncio see the
+    loss, then release: what the release raised."""
+    monkeypatch.setattr(
+        selector_events._SelectorSocketTransport, "writelines", _writelines_as_in_3_13_0()
+    )
+    client = AsyncRedis.from_url(proxy.url)
+    lock = FifoLock(client, name, lease_ms=5000, poll_ms=1000)
+    try:
+        lease = await lock.acquire(timeout=5)
+        proxy.reset()
+
+        def lost() -> bool:
+            pool = client.connection_pool
+            return all(
+                connection._writer is not None and connection._writer.transport.is_closing()
+                for connection in pool._available_connections  # type: ignore[attr-defined]
+            )
+
+        await until(lost, "asyncio saw the connection lost", pause_s=0.01)
+        try:
+            await lock.release(lease)
+        except BaseException as exc:  # what it raised is the result
+            return exc
+        return None
+    finally:
+        await client.aclose()
+
+
+async def test_a_write_asyncio_fails_on_a_lost_connection_is_an_outage(
+    fault_proxy: FaultProxyFactory, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Python 3.12 and 3.13 before CPython gh-136234, redis-py's write on a
+    connection asyncio already knew lost raised ``AttributeError`` (or
+    ``TypeError``) from inside asyncio: a sync ``hold()``'s release escaped
+    with it instead of retrying (seen on 3.13.0, in
+    ``test_sync.py::test_a_hold_interrupted_while_its_release_retries_still_releases``)."""
+    raised = await _release_on_a_lost_connection(
+        fault_proxy(redis_url), monkeypatch, "lost-in-write"
+    )
+    assert isinstance(raised, RedisUnavailable), repr(raised)
+    assert "connection was lost" in str(raised) and "lost-in-write" in str(raised)
+
+
+async def test_a_lost_write_kills_transport_error_escapes(
+    fault_proxy: FaultProxyFactory, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol_module, "lost_in_transport", _never_lost)
+    raised = await _release_on_a_lost_connection(
+        fault_proxy(redis_url), monkeypatch, "lost-in-write-mutant"
+    )
+    assert isinstance(raised, AttributeError), f"transport-error-escapes passed: {raised!r}"
+
+
+def _never_lost(exc: BaseException) -> bool:
+    """MUTANT transport-error-escapes: an error asyncio's transport raised in a
+    write is taken for a bug, not for the lost connection it is."""
+    return False
