@@ -9,11 +9,28 @@ test, so never point ``$REDIS_URL`` at a server whose data you want to keep.
 Integration-specific fixtures (Celery, Django) live in their own conftest
 files; any fixture here can be redefined in a test module or a nearer
 conftest.
+
+``$FIFOLOCK_TEST_LOOP`` picks the event loop the async tests run on:
+
+- ``asyncio`` (the default): the standard library's loop.
+- ``uvloop``: every test's (and async fixture's) loop is made by
+  ``uvloop.new_event_loop``, through pytest-asyncio's
+  ``pytest_asyncio_loop_factories`` hook. That is what uvicorn (0.36 and
+  later) and ``uvloop.run()`` give an application: a loop factory, no
+  installed policy, so the sync facade's portal loop and any loop a test makes
+  itself (``asyncio.run``, ``asyncio.new_event_loop``) stay standard asyncio
+  loops, as they would in that application.
+- ``uvloop-policy``: uvloop's event loop policy is installed for the whole
+  session, as ``uvloop.install()`` (and uvicorn before 0.36) does, so every
+  loop is a uvloop loop: the tests', the portal's, and ``asyncio.run``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import asyncio
+import os
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import ExitStack
 from urllib.parse import urlsplit
 
@@ -23,6 +40,57 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.support.proxy import FaultProxy
+
+TEST_LOOPS = ("asyncio", "uvloop", "uvloop-policy")
+"""The values ``$FIFOLOCK_TEST_LOOP`` may take (see the module docstring)."""
+
+
+def suite_loop() -> str:
+    """The event loop the suite runs on: ``$FIFOLOCK_TEST_LOOP``, ``asyncio`` if unset.
+
+    Raises:
+        pytest.UsageError: for a value not in ``TEST_LOOPS``.
+    """
+    loop = os.environ.get("FIFOLOCK_TEST_LOOP", "") or "asyncio"
+    if loop not in TEST_LOOPS:
+        raise pytest.UsageError(
+            f"FIFOLOCK_TEST_LOOP={loop!r}: expected one of {', '.join(TEST_LOOPS)}"
+        )
+    return loop
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Install uvloop's policy for the session under ``FIFOLOCK_TEST_LOOP=uvloop-policy``."""
+    if suite_loop() == "uvloop-policy":
+        import uvloop
+
+        with warnings.catch_warnings():  # deprecated from Python 3.12, as policies are
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which event loop the async tests run on."""
+    return f"fifolock test loop: {suite_loop()} (FIFOLOCK_TEST_LOOP)"
+
+
+if suite_loop() == "uvloop":
+    # Defined only then: pytest-asyncio takes any implementation of this hook
+    # as a list of loops to run every async test on, and refuses None.
+
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+        """pytest-asyncio's hook: tests and async fixtures run on loops made by
+        ``uvloop.new_event_loop``, as an application's do under uvicorn."""
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
+
+
+def running_on_uvloop() -> bool:
+    """True if the calling code runs on a uvloop loop (call it from a coroutine)."""
+    return type(asyncio.get_running_loop()).__module__.startswith("uvloop")
 
 
 @pytest.fixture(scope="session")
