@@ -27,7 +27,7 @@ Alarm = Callable[[], object]
 
 class Alarms:
     """The alarms of one event loop, due at ``loop.time()`` instants, kept by
-    one ``TimerHandle`` armed for the earliest. Used on the loop's thread only.
+    one timer armed for the earliest. Used on the loop's thread only.
 
     Each alarm is kept under a number of its own; the heap orders the numbers
     by when they are due. A cancelled alarm leaves its number in the heap (not
@@ -44,8 +44,12 @@ class Alarms:
         self._heap: list[tuple[float, int]] = []
         self._next = itertools.count()
         # The armed timer, held weakly: a handle holds its loop, and the loop
-        # holds the handle while it is pending.
-        self._handle: weakref.ref[asyncio.TimerHandle] | None = None
+        # holds the handle while it is pending. A ``Handle``, not always a
+        # ``TimerHandle``: uvloop's ``call_at`` calls soon instead, and returns
+        # a handle without ``when()``, for a time less than 0.5 ms away. So
+        # when it is due is kept here.
+        self._handle: weakref.ref[asyncio.Handle] | None = None
+        self._armed_at = 0.0
 
     def set(self, loop: asyncio.AbstractEventLoop, when: float, alarm: Alarm) -> None:
         """Call ``alarm`` on ``loop`` (the running loop) at ``when`` (in
@@ -94,10 +98,11 @@ class Alarms:
         """Have the timer ring at ``when`` at the latest (an alarm set from
         within ``_ring`` may have armed it already)."""
         handle = self._handle() if self._handle is not None else None
-        if handle is None or when < handle.when():
+        if handle is None or when < self._armed_at:
             if handle is not None:
                 handle.cancel()
             self._handle = weakref.ref(loop.call_at(when, self._ring))
+            self._armed_at = when
 
 
 _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[Alarms]] = (
