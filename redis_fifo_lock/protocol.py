@@ -447,8 +447,8 @@ class Protocol:
             return await bounded(client, call)
         except asyncio.TimeoutError:
             raise _silent(keys, script) from None
-        except (AttributeError, TypeError, RedisError, RedisClusterException) as exc:
-            if isinstance(exc, (AttributeError, TypeError)) and not (
+        except (AttributeError, TypeError, RuntimeError, RedisError, RedisClusterException) as exc:
+            if isinstance(exc, (AttributeError, TypeError, RuntimeError)) and not (
                 lost_in_transport(exc)
                 or (isinstance(exc, AttributeError) and isinstance(client, RedisCluster))
             ):
@@ -477,7 +477,11 @@ class Protocol:
             )
         except asyncio.TimeoutError:
             raise _silent(keys, script, self.wait_ms / 1000) from None
-        except (RedisError, RedisClusterException) as exc:
+        except (AttributeError, TypeError, RuntimeError, RedisError, RedisClusterException) as exc:
+            if isinstance(exc, (AttributeError, TypeError, RuntimeError)) and not lost_in_transport(
+                exc
+            ):
+                raise
             raise _unavailable(keys, script, exc, self.scripts[script].commands) from exc
 
     def _not_replicated(self, keys: LockKeys, what: str, acked: int) -> NotReplicated:
@@ -758,11 +762,23 @@ _TRANSPORT_FILES = frozenset(
 
 
 def lost_in_transport(exc: BaseException) -> bool:
-    """Whether ``exc`` is an ``AttributeError`` or ``TypeError`` that asyncio's
-    transport raised as redis-py wrote to a connection asyncio already knew
-    was lost: on Python 3.12 and 3.13 before the fix of CPython gh-136234,
-    ``_SelectorSocketTransport.writelines`` then uses the event loop that the
-    lost connection let go of. An outage, not a bug of the caller's."""
+    """Whether ``exc``, raised as redis-py wrote a command, is the event loop's
+    transport refusing a connection that was already lost (closed by the
+    other side while idle: a restart, a proxy, a firewall). asyncio drops such
+    a write, and redis-py then raises a ``ConnectionError``; but
+
+    - uvloop's transport raises a bare ``RuntimeError`` ("unable to perform
+      operation on <TCPTransport closed=True ...>; the handler is closed")
+      before writing anything, which redis-py lets through;
+    - on Python 3.12 and 3.13 before the fix of CPython gh-136234, asyncio's
+      ``_SelectorSocketTransport.writelines`` uses the event loop the lost
+      connection let go of, and raises ``AttributeError`` (or ``TypeError``)
+      from inside asyncio (told by its traceback's last frame).
+
+    Either is the same dead connection: an outage, not a bug of the caller's.
+    """
+    if isinstance(exc, RuntimeError):
+        return "the handler is closed" in str(exc)
     if not isinstance(exc, (AttributeError, TypeError)) or exc.__traceback__ is None:
         return False
     last = exc.__traceback__
@@ -779,9 +795,9 @@ def _unavailable(
     if lost_in_transport(exc):
         return RedisUnavailable(
             keys.name,
-            f"the connection was lost as the {script} script was sent (asyncio raised "
-            f"{type(exc).__name__}: {exc}); it did not run: check that the server is "
-            "reachable, and retry",
+            f"the connection was lost as the {script} script was sent (the event loop's "
+            f"transport raised {type(exc).__name__}: {exc}); it did not run: check that the "
+            "server is reachable, and retry (a new connection is opened)",
             cause=exc,
         )
     if isinstance(exc, AttributeError):

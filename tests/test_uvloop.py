@@ -1,0 +1,109 @@
+"""What differs on uvloop (as uvicorn runs it when installed), tested on a uvloop
+loop whatever loop the suite runs on, and on asyncio's for comparison.
+
+The whole suite runs on uvloop with ``FIFOLOCK_TEST_LOOP=uvloop`` (see
+``tests/conftest.py``); the tests here pin the loop themselves, so that the
+default run covers what uvloop does differently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import uvloop
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from redis_fifo_lock import FifoLock
+from redis_fifo_lock import protocol as protocol_module
+from tests.conftest import FaultProxyFactory
+
+LOOPS = pytest.mark.parametrize(
+    "new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
+)
+
+
+def _on(new_loop: Callable[[], asyncio.AbstractEventLoop], main: Any) -> Any:
+    """Run the coroutine ``main`` on a fresh loop made by ``new_loop``, then close it."""
+    loop = new_loop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()
+
+
+async def _calls_after_the_pooled_connection_was_reset(proxy_url: str, proxy: Any) -> list[str]:
+    """Through ``proxy``: take a lease, reset every connection while the client
+    is idle (a restart, a proxy, a firewall), then release it; and leave a
+    ``hold()`` whose connections were reset inside. What each did, in order."""
+    client = AsyncRedis.from_url(proxy_url)
+    seen: list[str] = []
+    try:
+        lock = FifoLock(client, "reset-while-idle", lease_ms=30_000, poll_ms=5000)
+        lease = await lock.acquire(timeout=5)
+        proxy.reset()
+        await asyncio.sleep(0.2)  # the loop sees the connection closed
+        try:
+            await lock.release(lease)
+            seen.append("release: ok")
+        except Exception as exc:
+            seen.append(f"release: {type(exc).__name__}")
+        held = FifoLock(client, "reset-inside-hold", lease_ms=30_000, poll_ms=5000)
+        try:
+            async with held.hold(timeout=5):
+                proxy.reset()
+                await asyncio.sleep(0.2)
+            seen.append("hold: ok")
+        except Exception as exc:
+            seen.append(f"hold: {exc!r}")
+        seen.append("hold's lock held" if (await held.status()).held else "hold's lock free")
+    finally:
+        await client.aclose()
+    return seen
+
+
+@LOOPS
+def test_a_call_on_a_pooled_connection_reset_while_idle_goes_through(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+    fault_proxy: FaultProxyFactory,
+    redis_url: str,
+    redis: Redis,
+) -> None:
+    """A call on a pooled connection that the other side reset while it was
+    idle fails as Redis being out of reach (``RedisUnavailable``), on uvloop
+    as on asyncio, so ``hold()`` retries its release and frees the lock. On
+    asyncio the write fails with redis-py's ConnectionError; uvloop's closed
+    transport refuses it with a bare RuntimeError ("unable to perform
+    operation on <TCPTransport closed=True ...>; the handler is closed"),
+    which the lock once let through untyped: out of release(), and out of
+    ``hold()`` without a retry, the lock held until its lease ran out (as
+    test_sync.py's interrupted holds found, on a portal running on uvloop)."""
+    proxy = fault_proxy(redis_url)  # ``redis`` flushed the server
+    assert _on(new_loop, _calls_after_the_pooled_connection_was_reset(proxy.url, proxy)) == [
+        "release: RedisUnavailable",
+        "hold: ok",
+        "hold's lock free",
+    ]
+
+
+def _not_transport_closed(exc: BaseException) -> bool:
+    """MUTANT uvloop-closed-transport: uvloop's RuntimeError for a closed
+    transport is not taken for a dead connection, and escapes as it is."""
+    return False
+
+
+def test_a_reset_pooled_connection_on_uvloop_kills_closed_transport_let_through(
+    fault_proxy: FaultProxyFactory,
+    redis_url: str,
+    redis: Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(protocol_module, "lost_in_transport", _not_transport_closed)
+    proxy = fault_proxy(redis_url)
+    problems = _on(
+        uvloop.new_event_loop, _calls_after_the_pooled_connection_was_reset(proxy.url, proxy)
+    )
+    assert problems[0] == "release: RuntimeError", problems
