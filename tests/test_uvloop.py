@@ -9,6 +9,7 @@ default run covers what uvloop does differently.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock import protocol as protocol_module
+from redis_fifo_lock.portal import Portal
 from tests.conftest import FaultProxyFactory
 
 LOOPS = pytest.mark.parametrize(
@@ -107,3 +109,30 @@ def test_a_reset_pooled_connection_on_uvloop_kills_closed_transport_let_through(
         uvloop.new_event_loop, _calls_after_the_pooled_connection_was_reset(proxy.url, proxy)
     )
     assert problems[0] == "release: RuntimeError", problems
+
+
+def _portal_loop_type() -> type[asyncio.AbstractEventLoop]:
+    """The type of the loop of a new ``Portal`` (then stopped and closed)."""
+    made = Portal()
+    try:
+        return type(made.loop)
+    finally:
+        made.loop.call_soon_threadsafe(made.loop.stop)
+        made.thread.join(5)
+        made.loop.close()
+
+
+def test_the_portal_loop_follows_the_installed_policy_and_never_picks_uvloop() -> None:
+    """The library never picks uvloop: the portal's loop comes from the
+    installed policy, asyncio's under uvicorn (a loop factory) or
+    ``uvloop.run()``, uvloop's after ``uvloop.install()``."""
+    previous = asyncio.get_event_loop_policy()
+    try:
+        asyncio.set_event_loop_policy(None)  # asyncio's default policy
+        assert not issubclass(_portal_loop_type(), uvloop.Loop)
+        with warnings.catch_warnings():  # policies are deprecated from Python 3.12
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        assert issubclass(_portal_loop_type(), uvloop.Loop)
+    finally:
+        asyncio.set_event_loop_policy(previous)
