@@ -20,6 +20,15 @@ import threading
 import weakref
 from collections.abc import Callable
 
+RING_MARGIN_S = 0.001
+"""On a loop without asyncio's ``_clock_resolution`` (uvloop's), alarms due
+this soon (seconds) ring with those due now. uvloop arms its timers in whole
+milliseconds and can run one up to a millisecond before its time; an alarm
+not rung then would arm a timer for the rest of the wait, which uvloop runs at
+once when it is under half a millisecond: a busy loop until its clock reached
+the alarm. asyncio's own loop runs a timer within ``_clock_resolution`` of its
+time (a nanosecond on Linux), and its alarms ring within that too."""
+
 Alarm = Callable[[], object]
 """What an alarm calls when it is due: any callable without arguments, hashable
 (a bound method or a ``functools.partial``): it names the alarm to ``cancel``."""
@@ -80,7 +89,7 @@ class Alarms:
         self._handle = None
         heap, alarms = self._heap, self._alarms
         try:
-            now = loop.time()
+            now = loop.time() + getattr(loop, "_clock_resolution", RING_MARGIN_S)
             while heap and heap[0][0] <= now:
                 alarm = alarms.pop(heapq.heappop(heap)[1], None)
                 if alarm is not None:  # not cancelled, nor moved since

@@ -9,6 +9,7 @@ default run covers what uvloop does differently.
 from __future__ import annotations
 
 import asyncio
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,9 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock
+from redis_fifo_lock import alarms as alarms_module
 from redis_fifo_lock import protocol as protocol_module
+from redis_fifo_lock.alarms import Alarms
 from redis_fifo_lock.portal import Portal
 from tests.conftest import FaultProxyFactory
 
@@ -136,3 +139,51 @@ def test_the_portal_loop_follows_the_installed_policy_and_never_picks_uvloop() -
         assert issubclass(_portal_loop_type(), uvloop.Loop)
     finally:
         asyncio.set_event_loop_policy(previous)
+
+
+async def _timers_armed_for_alarms(alarms_class: type[Alarms], rounds: int) -> int:
+    """On the running loop: ``rounds`` alarms one after another, each due a
+    few milliseconds and a fraction ahead; how many timers were armed for them."""
+    loop = asyncio.get_running_loop()
+    call_at = loop.call_at
+    armed = 0
+
+    def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        nonlocal armed
+        armed += 1
+        return call_at(when, *args, **kwargs)
+
+    loop.call_at = counting_call_at  # type: ignore[method-assign]
+    try:
+        on_loop = alarms_class()
+        for n in range(rounds):
+            rang = loop.create_future()
+            when = loop.time() + 0.003 + n * 0.000037
+            on_loop.set(loop, when, functools.partial(rang.set_result, n))
+            await rang  # no timer of its own (the test's timeout bounds it)
+    finally:
+        del loop.call_at
+    return armed
+
+
+@LOOPS
+def test_an_alarm_arms_one_timer_though_the_loop_rings_it_early(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """uvloop arms timers in whole milliseconds and may run one up to a
+    millisecond before its time; asyncio's clock has the same margin
+    (``_clock_resolution``). The alarms took such an early ring for no ring,
+    and armed a timer for the rest of the wait: under half a millisecond,
+    which uvloop runs at once, so they armed it again and again (hundreds of
+    times, a busy loop) until the clock reached the alarm. On uvloop, alarms
+    due within a millisecond ring now; asyncio's loop rings them as before."""
+    assert _on(new_loop, _timers_armed_for_alarms(Alarms, 30)) <= 30 + 10
+
+
+def test_a_uvloop_ring_a_millisecond_early_kills_no_ring_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MUTANT no-ring-margin: on uvloop an alarm rings only once the loop's
+    clock reached it, as before; the scenario above arms hundreds of timers."""
+    monkeypatch.setattr(alarms_module, "RING_MARGIN_S", 0.0)
+    assert _on(uvloop.new_event_loop, _timers_armed_for_alarms(Alarms, 30)) > 100
