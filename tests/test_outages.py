@@ -1838,6 +1838,8 @@ async def _release_on_a_lost_connection(
 ) -> BaseException | None:
     """Acquire through ``proxy``, reset the connection, let asyncio see the
     loss, then release: what the release raised."""
+    if not isinstance(asyncio.get_running_loop(), selector_events.BaseSelectorEventLoop):
+        pytest.skip("asyncio's selector transport only (uvloop: tests/test_uvloop.py)")
     monkeypatch.setattr(
         selector_events._SelectorSocketTransport, "writelines", _writelines_as_in_3_13_0()
     )
