@@ -3,16 +3,28 @@
 ``SyncFifoLock`` runs every call of the asyncio ``FifoLock`` on it, and a lease
 whose own event loop closes before it is released (as after an
 ``async_to_sync`` call) is renewed there until released.
+
+Under gevent's monkey-patching (Celery's ``--pool gevent``) the portal is still
+a real OS thread, started with the unpatched ``_thread`` and running its loop on
+the unpatched selector: a greenlet portal would share the hub with the callers,
+so a body that blocks the hub (a CPU-bound loop, a C driver) would stop the
+renewals and lose its lease, and every greenlet of the process would see the
+portal's loop as its running loop (``asyncio.run()`` failing in unrelated
+code). gevent's patched locks wake a greenlet from another thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
+import importlib
 import os
+import selectors
+import sys
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .errors import LockUsageError
 
@@ -20,6 +32,85 @@ T = TypeVar("T")
 
 CANCEL_GRACE_S = 5.0
 """Seconds an interrupted sync call waits for its withdrawal to reach Redis."""
+
+
+def _green_patched() -> str | None:
+    """``"gevent"`` if gevent monkey-patched ``threading`` in this process, else None
+    (never imports gevent)."""
+    monkey: Any = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return "gevent"
+    return None
+
+
+class Signal(Protocol):
+    """Released once by any thread; acquired (waited for) by the caller."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Wait until released (at most ``timeout`` seconds if not -1); whether it was."""
+
+    def release(self) -> None:
+        """Wake the waiter; callable from any thread."""
+
+
+def _unreleased_lock() -> Signal:
+    """A bare lock, acquired: unlike ``threading.Event`` (a Condition underneath),
+    acquiring one can be interrupted by a signal handler's exception without
+    corrupting its state - a corrupted Event hung the portal thread."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+class GeventSignal:
+    """A ``Signal`` for a greenlet: released from the portal's OS thread through
+    an async watcher of the greenlet's hub (a patched lock released from another
+    thread leaves an idle hub nothing to wait for: ``LoopExit``)."""
+
+    def __init__(self) -> None:
+        gevent: Any = importlib.import_module("gevent")  # untyped, and optional
+        self._event: Any = importlib.import_module("gevent.event").Event()
+        self._watcher: Any = gevent.get_hub().loop.async_()
+        self._watcher.start(self._fired)
+
+    def _fired(self) -> None:
+        self._watcher.close()
+        self._event.set()
+
+    def release(self) -> None:
+        """Wake the waiter; callable from any thread."""
+        self._watcher.send()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Wait in this greenlet until released (at most ``timeout`` s if not -1)."""
+        return bool(self._event.wait(None if timeout == -1 else timeout))
+
+
+class NativeThreadExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The portal loop's default executor under gevent: each call in an OS thread
+    of its own (a patched ``ThreadPoolExecutor`` would start greenlets of the
+    portal thread's hub, which never runs: ``getaddrinfo`` would hang)."""
+
+    def __init__(self, start_new_thread: Callable[..., object]) -> None:
+        super().__init__(max_workers=1)  # starts nothing: submit() is its own
+        self._start = start_new_thread
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args, **kwargs)`` in a new OS thread; its future."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self._start(run, ())
+        return future
 
 
 class Portal:
@@ -35,14 +126,27 @@ class Portal:
     """
 
     def __init__(self) -> None:
-        self.loop = contextvars.Context().run(asyncio.new_event_loop)
-        self.thread = threading.Thread(
-            target=contextvars.Context().run,
-            args=(self.loop.run_forever,),
-            name="fifolock-portal",
-            daemon=True,
-        )
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if _green_patched() is None:
+            self.loop = contextvars.Context().run(asyncio.new_event_loop)
+            self.thread = threading.Thread(
+                target=contextvars.Context().run,
+                args=(self.loop.run_forever,),
+                name="fifolock-portal",
+                daemon=True,
+            )
+            self.thread.start()
+            self.ident = self.thread.ident
+            self._get_ident: Callable[[], int] = threading.get_ident
+            self._signal: Callable[[], Signal] = _unreleased_lock
+            return
+        monkey: Any = importlib.import_module("gevent.monkey")
+        start, self._get_ident = monkey.get_original("_thread", ["start_new_thread", "get_ident"])
+        selector: type[selectors.BaseSelector] = monkey.get_original("selectors", "DefaultSelector")
+        self.loop = contextvars.Context().run(asyncio.SelectorEventLoop, selector())
+        self.loop.set_default_executor(NativeThreadExecutor(start))
+        self._signal = GeventSignal
+        self.ident = start(contextvars.Context().run, (self.loop.run_forever,))
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback()`` on the portal loop, in an empty context; callable
@@ -69,7 +173,7 @@ class Portal:
         Raises:
             LockUsageError: when called from the portal thread itself.
         """
-        if threading.current_thread() is self.thread:
+        if self._get_ident() == self.ident:
             raise LockUsageError(
                 name,
                 "the sync lock was called from its own event-loop thread, where it would "
@@ -78,14 +182,10 @@ class Portal:
         # The task is created and watched on the loop (not through a
         # concurrent future, whose cancel() would drop a result that lands at
         # the same moment), so an interrupted caller can see how it ended.
-        # Bare locks, released when the task ends (and when an abandoned one was
-        # undone): unlike threading.Event (a Condition underneath), acquiring
-        # one can be interrupted by a signal handler's exception without
-        # corrupting its state - a corrupted Event hung the portal thread.
-        finished = threading.Lock()
-        finished.acquire()
-        undone = threading.Lock()  # released once the abandoned task is dealt with
-        undone.acquire()
+        # Signals (bare locks; see _unreleased_lock and GeventSignal), released
+        # when the task ends (and when an abandoned one was undone).
+        finished = self._signal()
+        undone: Signal | None = None  # released once the abandoned task is dealt with
         started: list[asyncio.Task[T]] = []
         abandoned = False
 
@@ -100,15 +200,18 @@ class Portal:
             # Whenever the abandoned task ends - also long after its cancellation
             # was swallowed (Python 3.10's wait_for can do that) - a result that
             # never reaches the caller is undone (a late grant is released).
+            signal = undone
+            assert signal is not None  # made before abandon() was scheduled
             if undo is None or task.cancelled() or task.exception() is not None:
-                undone.release()
+                signal.release()
                 return
             undoing = contextvars.Context().run(self.loop.create_task, undo(task.result()))
-            undoing.add_done_callback(lambda _: undone.release())
+            undoing.add_done_callback(lambda _: signal.release())
 
         def abandon() -> None:
             nonlocal abandoned
             abandoned = True
+            assert undone is not None  # made before abandon() was scheduled
             if not started:
                 finished.release()  # interrupted before the task began: nothing to wait for
                 undone.release()
@@ -120,6 +223,7 @@ class Portal:
             self.call_soon(start)
             finished.acquire()
         except BaseException:
+            undone = self._signal()
             # Callbacks run in order: abandon() runs after start() if that was queued.
             self.call_soon(abandon)
             if not (started and started[0].done()):

@@ -27,6 +27,7 @@ pushes an item to ``logs:<lock name>:new``, for a test to BLPOP.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -472,3 +473,51 @@ ERRORS: dict[str, Callable[[], Exception]] = {
 def raise_error(kind: str) -> None:
     """Raise one of our exceptions (``ERRORS``), built with its attributes."""
     raise ERRORS[kind]()
+
+
+# -- green pools (gevent, eventlet): holds across leases, a blocked hub ------------
+
+GREEN_LEASE_MS, GREEN_POLL_MS = 1000, 200
+"""Lease and poll (ms) of the green-pool tasks: their holds span several leases."""
+
+
+@app.task
+@fifo_locked("green-{key}", lease_ms=GREEN_LEASE_MS, poll_ms=GREEN_POLL_MS)
+def count_inside(log: str, key: str, hold_ms: int) -> int:
+    """Hold ``green-<key>`` for ``hold_ms`` ms, yielding (``time.sleep``, patched
+    in a green worker); count the holders inside on ``<log>:inside`` and push
+    any count other than 1 to ``<log>:crowded``. Returns the fence."""
+    client = record_client()
+    inside = client.incr(f"{log}:inside")
+    note(log, "enter")
+    if inside != 1:
+        client.rpush(f"{log}:crowded", inside)
+    time.sleep(hold_ms / 1000)
+    note(log, "exit")
+    client.decr(f"{log}:inside")
+    return current_lease().fence
+
+
+@app.task
+@fifo_locked("green-{key}", lease_ms=GREEN_LEASE_MS, poll_ms=GREEN_POLL_MS)
+def spin_inside(log: str, key: str, spin_ms: int) -> bool:
+    """Hold ``green-<key>`` while a CPU-bound loop runs ``spin_ms`` ms without
+    yielding to the green hub; return whether the lease was lost meanwhile."""
+    note(log, "enter")
+    end = time.monotonic() + spin_ms / 1000
+    while time.monotonic() < end:
+        pass
+    note(log, "exit")
+    return current_lease().lost
+
+
+@app.task
+@fifo_locked("green-{key}")
+def run_a_coroutine(key: str) -> str:
+    """``asyncio.run()`` in a locked body, as ``async_to_sync`` code does; return ``key``."""
+
+    async def echo() -> str:
+        await asyncio.sleep(0)
+        return key
+
+    return asyncio.run(echo())

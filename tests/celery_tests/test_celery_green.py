@@ -1,0 +1,154 @@
+"""Celery's green pools, gevent and eventlet, with a real worker each.
+
+Under ``--pool gevent`` or ``--pool eventlet`` the worker monkey-patches
+``threading``: a portal started with it would be a greenlet sharing the hub
+with the task bodies, and would renew nothing while a body blocks the hub (a
+CPU-bound loop, a C driver), nor let a body run ``asyncio.run()``. These tests
+hold a lock across several leases among fifty greenlets and this process, and
+across a CPU-bound stretch longer than the lease.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from redis import Redis
+
+from fifolock_celery import lock_for
+from redis_fifo_lock.holds import violations
+from tests.celery_tests import celery_app as tasks
+from tests.support.celery_worker import RESULT_TIMEOUT_S, ROOT, Log, Worker, running_worker
+
+GREEN_POOLS = ("gevent", "eventlet")
+CONCURRENCY = 50
+LONG_HOLD_MS = 2500
+"""A long hold spans two and a half leases (``tasks.GREEN_LEASE_MS``)."""
+
+
+EVENTLET_PORTAL = (
+    "under eventlet the portal is still a green thread of the worker's hub (docs/celery.md, Pools)"
+)
+
+
+def green(name: str) -> Any:
+    """A pool param, skipped when the library is not installed."""
+    if importlib.util.find_spec(name) is None:
+        return pytest.param(name, marks=pytest.mark.skip(reason=f"{name} is not installed"))
+    return name
+
+
+@pytest.fixture(scope="module", params=[green(name) for name in GREEN_POOLS])
+def worker(
+    request: pytest.FixtureRequest, app: Celery, celery_redis_url: str, logdir: Path
+) -> Iterator[Worker]:
+    """A real green worker (``--pool`` = the param, concurrency 50)."""
+    with running_worker(celery_redis_url, request.param, logdir, concurrency=CONCURRENCY) as w:
+        yield w
+
+
+def test_greenlets_and_another_process_take_turns_across_several_leases(
+    app: Celery, worker: Worker, log: Log, key: str
+) -> None:
+    record = Redis.from_url(app.conf.record_url)
+    inside, crowded = f"{log.key}:inside", f"{log.key}:crowded"
+    # Three holds of two and a half leases among short ones: more than the
+    # concurrency's worth of greenlets wait at once, in order.
+    holds_ms = [LONG_HOLD_MS if i % 10 == 0 else 10 for i in range(30)]
+    results = [tasks.count_inside.delay(log.key, key, hold_ms) for hold_ms in holds_ms]
+    log.wait("entered", 1)
+
+    def contend() -> None:  # this process takes the same lock meanwhile
+        lock = lock_for(app, f"green-{key}")
+        for _ in range(3):
+            with lock.hold(timeout=60):
+                if record.incr(inside) != 1:
+                    record.rpush(crowded, "here")
+                record.decr(inside)
+
+    contenders = [threading.Thread(target=contend) for _ in range(2)]
+    for thread in contenders:
+        thread.start()
+    fences = [result.get(timeout=60) for result in results]
+    for thread in contenders:
+        thread.join(timeout=60)
+
+    try:
+        assert record.lrange(crowded, 0, -1) == []
+        holds = log.holds()
+        assert len(holds) == len(results) and len(set(fences)) == len(results)
+        assert violations(holds) == []
+        assert len({h.thread for h in holds}) > 1, "the holds ran in several greenlets"
+    finally:
+        record.delete(inside, crowded)
+        record.close()
+
+
+def test_a_body_that_blocks_the_hub_longer_than_its_lease_keeps_the_lock(
+    app: Celery, worker: Worker, log: Log, key: str
+) -> None:
+    """The portal renews from an OS thread of its own while a CPU-bound body
+    blocks the hub: a greenlet portal let the lease run out, this process got
+    the lock while the body still ran, and the body failed with LeaseLost."""
+    if worker.pool == "eventlet":
+        pytest.xfail(EVENTLET_PORTAL)
+    spinner = tasks.spin_inside.delay(log.key, key, LONG_HOLD_MS)
+    log.wait("entered", 1)
+
+    with lock_for(app, f"green-{key}").hold(timeout=RESULT_TIMEOUT_S):
+        granted_ns = time.monotonic_ns()  # the clock of the record
+
+    spinner.get(timeout=RESULT_TIMEOUT_S, propagate=False)
+    assert spinner.successful(), f"the spinning body failed: {spinner.result!r}"
+    assert spinner.result is False, "its lease was lost"
+    [hold] = log.holds()
+    assert hold.exited_ns is not None and hold.exited_ns < granted_ns
+
+
+def test_a_locked_body_can_run_a_coroutine(worker: Worker, key: str) -> None:
+    """A greenlet portal's loop was the running loop of every greenlet:
+    ``asyncio.run()`` (and ``async_to_sync``) failed in every task of the worker."""
+    if worker.pool == "eventlet":
+        pytest.xfail(EVENTLET_PORTAL)
+    assert tasks.run_a_coroutine.delay(key).get(timeout=RESULT_TIMEOUT_S) == key
+
+
+def spin(pool: str, url: str, mutant: str = "") -> dict[str, Any]:
+    """What ``tests.support.green_spin`` saw in a ``pool``-patched process."""
+    args = [sys.executable, "-W", "ignore", "-m", "tests.support.green_spin", pool, url]
+    done = subprocess.run(
+        [*args, *([mutant] if mutant else [])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("pool", [green(name) for name in GREEN_POOLS])
+def test_a_patched_process_renews_while_its_hub_is_blocked(pool: str, redis_url: str) -> None:
+    if pool == "eventlet":
+        pytest.xfail(EVENTLET_PORTAL)
+    seen = spin(pool, redis_url)
+
+    assert (seen["lost"], seen["released"], seen["asyncio_run"]) == (False, "ok", True)
+
+
+def test_the_renewal_from_a_blocked_hub_kills_greenlet_portal(redis_url: str) -> None:
+    seen = spin("gevent", redis_url, "greenlet-portal")
+
+    assert (seen["lost"], seen["released"]) == (True, "LeaseLost"), "greenlet-portal passed"
+    assert "running event loop" in seen["asyncio_run"]
