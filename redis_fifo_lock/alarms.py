@@ -16,9 +16,10 @@ import asyncio
 import heapq
 import itertools
 import os
-import threading
 import weakref
 from collections.abc import Callable
+
+from . import native
 
 RING_MARGIN_S = 0.001
 """On a loop without asyncio's ``_clock_resolution`` (uvloop's), alarms due
@@ -122,7 +123,7 @@ timer, while any alarm is set; ``close()`` drops it) and whoever set an alarm
 and may cancel it. Their alarms lead back to the loop (a task, a renewal), so
 a strong reference here would keep every loop that closed with an alarm set
 (a lease still held, a call cut off by the loop's end), and all it holds."""
-_guard = threading.Lock()
+_guard = native.lock()
 
 
 def _after_fork_in_child() -> None:
@@ -130,7 +131,7 @@ def _after_fork_in_child() -> None:
     # the parent's loops are not the child's.
     global _by_loop, _guard
     _by_loop = weakref.WeakKeyDictionary()
-    _guard = threading.Lock()
+    _guard = native.lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

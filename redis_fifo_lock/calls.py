@@ -21,11 +21,12 @@ from __future__ import annotations
 import heapq
 import os
 import secrets
-import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
+
+from . import native
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -53,7 +54,7 @@ class CallIds:
         self._lowest: dict[LockKeys, list[int]] = {}
         # Reentrant: a lease garbage-collected while the guard is held (the
         # collector can run anywhere) leaves through ``leave`` on this thread.
-        self._guard = threading.RLock()
+        self._guard = native.rlock()
         self._holding: dict[LockKeys, dict[int, int]] = {}
         self._held: weakref.WeakKeyDictionary[Lease, weakref.finalize[..., Lease]] = (
             weakref.WeakKeyDictionary()

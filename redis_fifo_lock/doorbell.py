@@ -38,7 +38,6 @@ import functools
 import logging
 import os
 import re
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -53,6 +52,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from . import native
 from .acl import RULES_HINT, refusal
 from .errors import ClientDropped
 from .eviction import server_of
@@ -149,7 +149,7 @@ _warned_no_pubsub: set[type] = set()
 
 _refusals_reported: set[tuple[object, str]] = set()
 """(server, what to add) pairs already reported at WARNING, in this process."""
-_refusals_guard = threading.Lock()
+_refusals_guard = native.lock()
 
 _ringing_checked: set[tuple[object, ...]] = set()
 """(server, user, namespace) whose permission to ring the doorbell this process
@@ -165,7 +165,7 @@ def _after_fork_in_child() -> None:
     # A thread of the parent may have held the guard at the moment of the fork,
     # and that thread does not exist here to release it.
     global _refusals_guard
-    _refusals_guard = threading.Lock()
+    _refusals_guard = native.lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from . import native
 from .protocol import AsyncClient, lost_in_transport
 
 log = logging.getLogger("redis_fifo_lock")
@@ -69,7 +69,7 @@ class _Server:
     denied_reported: bool = False
 
 
-_guard = threading.Lock()
+_guard = native.lock()
 _servers: dict[tuple[object, ...], _Server] = {}
 _by_client: weakref.WeakKeyDictionary[AsyncClient, _Server] = weakref.WeakKeyDictionary()
 """State of clients without one server address (Redis Cluster): per client."""
@@ -79,7 +79,7 @@ def _after_fork_in_child() -> None:
     # A thread of the parent may have held the guard at the moment of the fork,
     # and that thread does not exist here to release it.
     global _guard
-    _guard = threading.Lock()
+    _guard = native.lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

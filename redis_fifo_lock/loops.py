@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from . import native
 from .protocol import AsyncClient
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ async def close_client(client: AsyncClient) -> None:
 _contexts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopContext] = (
     weakref.WeakKeyDictionary()
 )
-_guard = threading.Lock()
+_guard = native.lock()
 
 
 def _after_fork_in_child() -> None:
@@ -107,7 +107,7 @@ def _after_fork_in_child() -> None:
     # does not exist here to release it.
     global _contexts, _guard
     _contexts = weakref.WeakKeyDictionary()
-    _guard = threading.Lock()
+    _guard = native.lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

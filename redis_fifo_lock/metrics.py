@@ -39,7 +39,6 @@ see ``lock_labels``) and ``fifolock.integration`` (``core``, ``django`` or
 from __future__ import annotations
 
 import os
-import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from . import native
 from .errors import LockTimeout
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class _Instruments:
 
 _providers: tuple[MeterProvider | None, TracerProvider | None] = (None, None)
 _instruments: _Instruments | None = None
-_instruments_lock = threading.Lock()  # made once, whichever thread's lock asks first
+_instruments_lock = native.lock()  # made once, whichever thread's lock asks first
 
 
 def set_providers(
@@ -238,15 +238,15 @@ def _get() -> _Instruments | None:
 
 _known: OrderedDict[LockKeys, Labels] = OrderedDict()
 """Labels by lock keys, most recently used last: see ``MAX_KNOWN_NAMES``."""
-_known_lock = threading.Lock()  # locks run on several event loops, in several threads
+_known_lock = native.lock()  # locks run on several event loops, in several threads
 
 
 def _after_fork_in_child() -> None:
     # A thread of the parent may have held a guard at the moment of the fork,
     # and that thread does not exist here to release it.
     global _instruments_lock, _known_lock
-    _instruments_lock = threading.Lock()
-    _known_lock = threading.Lock()
+    _instruments_lock = native.lock()
+    _known_lock = native.lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -4,43 +4,36 @@
 whose own event loop closes before it is released (as after an
 ``async_to_sync`` call) is renewed there until released.
 
-Under gevent's monkey-patching (Celery's ``--pool gevent``) the portal is still
-a real OS thread, started with the unpatched ``_thread`` and running its loop on
-the unpatched selector: a greenlet portal would share the hub with the callers,
-so a body that blocks the hub (a CPU-bound loop, a C driver) would stop the
-renewals and lose its lease, and every greenlet of the process would see the
-portal's loop as its running loop (``asyncio.run()`` failing in unrelated
-code). gevent's patched locks wake a greenlet from another thread.
+Under gevent's or eventlet's monkey-patching (Celery's ``--pool gevent`` or
+``--pool eventlet``) the portal is still a real OS thread, started with the
+unpatched ``_thread`` and running its loop on the unpatched ``select`` (see
+``native``): a greenlet portal would share the hub with the callers, so a body
+that blocks the hub (a CPU-bound loop, a C driver) would stop the renewals and
+lose its lease, and every greenlet of the process would see the portal's loop
+as its running loop (``asyncio.run()`` failing in unrelated code). A calling
+greenlet waits for the portal's answer on its own hub (``GeventSignal``,
+``EventletSignal``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import importlib
 import os
-import selectors
-import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from . import native
 from .errors import LockUsageError
 
 T = TypeVar("T")
 
 CANCEL_GRACE_S = 5.0
 """Seconds an interrupted sync call waits for its withdrawal to reach Redis."""
-
-
-def _green_patched() -> str | None:
-    """``"gevent"`` if gevent monkey-patched ``threading`` in this process, else None
-    (never imports gevent)."""
-    monkey: Any = sys.modules.get("gevent.monkey")
-    if monkey is not None and monkey.is_module_patched("threading"):
-        return "gevent"
-    return None
 
 
 class Signal(Protocol):
@@ -86,10 +79,72 @@ class GeventSignal:
         return bool(self._event.wait(None if timeout == -1 else timeout))
 
 
+class EventletWaker:
+    """Wakes the green threads of one eventlet hub from any OS thread: a pipe
+    whose reading green thread sends the events queued for it (eventlet has no
+    thread-safe way into a hub; ``eventlet.tpool`` does the same)."""
+
+    def __init__(self) -> None:
+        self._eventlet: Any = importlib.import_module("eventlet")  # untyped, and optional
+        self._pending: list[Any] = []  # eventlet Events to send
+        self._guard = native.lock()
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._os: Any = importlib.import_module("eventlet.patcher").original("os")
+        self._eventlet.spawn(self._dispatch)
+
+    def _dispatch(self) -> None:
+        trampoline = importlib.import_module("eventlet.hubs").trampoline
+        while True:
+            trampoline(self._read, read=True)
+            with contextlib.suppress(BlockingIOError):
+                self._os.read(self._read, 4096)
+            with self._guard:
+                pending, self._pending = self._pending, []
+            for event in pending:
+                event.send(True)
+
+    def wake(self, event: Any) -> None:
+        """Send ``event`` (an eventlet ``Event`` of this hub) soon; from any thread."""
+        with self._guard:
+            self._pending.append(event)
+        with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            self._os.write(self._write, b"\0")
+
+
+_wakers: dict[tuple[int, int], EventletWaker] = {}
+"""The ``EventletWaker`` of each (process, hub), by the hub's id (hubs live for good)."""
+
+
+class EventletSignal:
+    """A ``Signal`` for an eventlet green thread: released from the portal's OS
+    thread through its hub's ``EventletWaker``."""
+
+    def __init__(self) -> None:
+        hub = importlib.import_module("eventlet.hubs").get_hub()
+        place = (os.getpid(), id(hub))
+        with _wakers_guard:
+            waker = _wakers.get(place)
+            if waker is None:
+                waker = _wakers[place] = EventletWaker()
+        self._waker = waker
+        self._event: Any = importlib.import_module("eventlet.event").Event()
+
+    def release(self) -> None:
+        """Wake the waiter; callable from any thread."""
+        self._waker.wake(self._event)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Wait in this green thread until released (at most ``timeout`` s if not -1)."""
+        return bool(self._event.wait(None if timeout == -1 else timeout))
+
+
 class NativeThreadExecutor(concurrent.futures.ThreadPoolExecutor):
-    """The portal loop's default executor under gevent: each call in an OS thread
-    of its own (a patched ``ThreadPoolExecutor`` would start greenlets of the
-    portal thread's hub, which never runs: ``getaddrinfo`` would hang)."""
+    """The portal loop's default executor under gevent or eventlet: each call in
+    an OS thread of its own (a patched ``ThreadPoolExecutor`` would start
+    greenlets of the portal thread's hub, which never runs: ``getaddrinfo``
+    would hang)."""
 
     def __init__(self, start_new_thread: Callable[..., object]) -> None:
         super().__init__(max_workers=1)  # starts nothing: submit() is its own
@@ -127,7 +182,8 @@ class Portal:
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
-        if _green_patched() is None:
+        library = native.green()
+        if library is None:
             self.loop = contextvars.Context().run(asyncio.new_event_loop)
             self.thread = threading.Thread(
                 target=contextvars.Context().run,
@@ -140,13 +196,13 @@ class Portal:
             self._get_ident: Callable[[], int] = threading.get_ident
             self._signal: Callable[[], Signal] = _unreleased_lock
             return
-        monkey: Any = importlib.import_module("gevent.monkey")
-        start, self._get_ident = monkey.get_original("_thread", ["start_new_thread", "get_ident"])
-        selector: type[selectors.BaseSelector] = monkey.get_original("selectors", "DefaultSelector")
-        self.loop = contextvars.Context().run(asyncio.SelectorEventLoop, selector())
-        self.loop.set_default_executor(NativeThreadExecutor(start))
-        self._signal = GeventSignal
-        self.ident = start(contextvars.Context().run, (self.loop.run_forever,))
+        # Under gevent or eventlet: an OS thread all the same (see the module).
+        natives = native.natives(library)
+        self._get_ident = natives.get_ident
+        self.loop = contextvars.Context().run(asyncio.SelectorEventLoop, natives.selector())
+        self.loop.set_default_executor(NativeThreadExecutor(natives.start_new_thread))
+        self._signal = GeventSignal if library == "gevent" else EventletSignal
+        self.ident = natives.start_new_thread(contextvars.Context().run, (self.loop.run_forever,))
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback()`` on the portal loop, in an empty context; callable
@@ -182,7 +238,7 @@ class Portal:
         # The task is created and watched on the loop (not through a
         # concurrent future, whose cancel() would drop a result that lands at
         # the same moment), so an interrupted caller can see how it ended.
-        # Signals (bare locks; see _unreleased_lock and GeventSignal), released
+        # Signals (bare locks, or the green ones: see Signal), released
         # when the task ends (and when an abandoned one was undone).
         finished = self._signal()
         undone: Signal | None = None  # released once the abandoned task is dealt with
@@ -236,14 +292,17 @@ class Portal:
 _portal: Portal | None = None
 _portal_pid = 0
 _portal_guard = threading.Lock()
+_wakers_guard = native.lock()
 
 
 def _after_fork_in_child() -> None:
     # A fork while another thread held the guard would leave it locked forever
     # in the child; the parent's portal thread does not exist there either.
-    global _portal_guard, _portal
+    global _portal_guard, _portal, _wakers_guard
     _portal_guard = threading.Lock()
+    _wakers_guard = native.lock()
     _portal = None
+    _wakers.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

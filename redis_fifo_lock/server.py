@@ -15,13 +15,13 @@ from here too.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from redis.asyncio.connection import parse_url
 
+from . import native
 from .clients import LoopClients
 from .connection import masked_kwargs, masked_url, node_address
 from .settings import Spelling
@@ -213,7 +213,7 @@ _shared: dict[str, LoopClients] = {}
 """The process's ``LoopClients``, one per distinct configuration (``key()``): it
 grows with the servers and options configured, never with locks or names. Its
 keys hold the options as given, secrets included; they are never shown."""
-_guard = threading.Lock()
+_guard = native.lock()
 
 
 def _after_fork_in_child() -> None:
@@ -221,7 +221,7 @@ def _after_fork_in_child() -> None:
     # that thread does not exist in the child. The LoopClients themselves drop
     # the parent's clients on their own (they key by process id).
     global _guard
-    _guard = threading.Lock()
+    _guard = native.lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -19,23 +19,23 @@ the leases held, never by the tokens ever used.
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from dataclasses import dataclass, field
 
+from . import native
 from .errors import LockUsageError
 from .lease import Lease
 from .protocol import LockKeys
 from .settings import shown_value
 
 _in_use: dict[tuple[LockKeys, str], Use] = {}
-_guard = threading.RLock()  # re-entered by a lease's weak reference dying inside ``take``
+_guard = native.rlock()  # re-entered by a lease's weak reference dying inside ``take``
 
 
 def _after_fork_in_child() -> None:
     # A fork while another thread held the guard would leave it held for good.
     global _guard
-    _guard = threading.RLock()
+    _guard = native.rlock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import TimeLimitExceeded
 from redis import Redis
 
 from fifolock_celery import lock_for
@@ -33,11 +34,6 @@ GREEN_POOLS = ("gevent", "eventlet")
 CONCURRENCY = 50
 LONG_HOLD_MS = 2500
 """A long hold spans two and a half leases (``tasks.GREEN_LEASE_MS``)."""
-
-
-EVENTLET_PORTAL = (
-    "under eventlet the portal is still a green thread of the worker's hub (docs/celery.md, Pools)"
-)
 
 
 def green(name: str) -> Any:
@@ -99,8 +95,6 @@ def test_a_body_that_blocks_the_hub_longer_than_its_lease_keeps_the_lock(
     """The portal renews from an OS thread of its own while a CPU-bound body
     blocks the hub: a greenlet portal let the lease run out, this process got
     the lock while the body still ran, and the body failed with LeaseLost."""
-    if worker.pool == "eventlet":
-        pytest.xfail(EVENTLET_PORTAL)
     spinner = tasks.spin_inside.delay(log.key, key, LONG_HOLD_MS)
     log.wait("entered", 1)
 
@@ -117,8 +111,6 @@ def test_a_body_that_blocks_the_hub_longer_than_its_lease_keeps_the_lock(
 def test_a_locked_body_can_run_a_coroutine(worker: Worker, key: str) -> None:
     """A greenlet portal's loop was the running loop of every greenlet:
     ``asyncio.run()`` (and ``async_to_sync``) failed in every task of the worker."""
-    if worker.pool == "eventlet":
-        pytest.xfail(EVENTLET_PORTAL)
     assert tasks.run_a_coroutine.delay(key).get(timeout=RESULT_TIMEOUT_S) == key
 
 
@@ -140,15 +132,54 @@ def spin(pool: str, url: str, mutant: str = "") -> dict[str, Any]:
 
 @pytest.mark.parametrize("pool", [green(name) for name in GREEN_POOLS])
 def test_a_patched_process_renews_while_its_hub_is_blocked(pool: str, redis_url: str) -> None:
-    if pool == "eventlet":
-        pytest.xfail(EVENTLET_PORTAL)
     seen = spin(pool, redis_url)
 
     assert (seen["lost"], seen["released"], seen["asyncio_run"]) == (False, "ok", True)
 
 
-def test_the_renewal_from_a_blocked_hub_kills_greenlet_portal(redis_url: str) -> None:
-    seen = spin("gevent", redis_url, "greenlet-portal")
+@pytest.mark.parametrize("pool", [green(name) for name in GREEN_POOLS])
+def test_the_renewal_from_a_blocked_hub_kills_greenlet_portal(pool: str, redis_url: str) -> None:
+    seen = spin(pool, redis_url, "greenlet-portal")
 
     assert (seen["lost"], seen["released"]) == (True, "LeaseLost"), "greenlet-portal passed"
     assert "running event loop" in seen["asyncio_run"]
+
+
+def test_time_limits_end_a_waiter_and_a_holder_and_leave_the_lock_free(
+    app: Celery, worker: Worker, log: Log, key: str
+) -> None:
+    """gevent's pool enforces a hard time limit by raising ``gevent.Timeout``
+    in the greenlet (and no soft one); eventlet's has none."""
+    if worker.pool != "gevent":
+        pytest.skip(f"Celery's {worker.pool} pool has no time limits")
+    lock = lock_for(app, f"gate-{key}")
+    with lock.hold(timeout=5):
+        waiter = tasks.pass_gate.apply_async((log.key, key), time_limit=0.5)
+        waiter.get(timeout=RESULT_TIMEOUT_S, propagate=False)
+        waiting = lock.status().waiting
+    holder = tasks.hold_until_gate.apply_async((log.key, key, log.gate), time_limit=0.5)
+    holder.get(timeout=RESULT_TIMEOUT_S, propagate=False)
+    status = lock.status()
+
+    assert isinstance(waiter.result, TimeLimitExceeded), waiter.result
+    assert isinstance(holder.result, TimeLimitExceeded), holder.result
+    assert waiting == 0 and not status.held and status.waiting == 0
+    assert [e["event"] for e in log.entries()] == ["enter"]  # the holder's body only
+
+
+def test_a_terminated_holder_frees_the_lock_at_once(worker: Worker, log: Log, key: str) -> None:
+    """``revoke(terminate=True)`` kills the greenlet (``GreenletExit``): the
+    body's lease is released, not left to expire."""
+    holder = tasks.hold_until_gate.delay(log.key, key, log.gate)
+    log.wait("entered", 1)
+    started = time.monotonic()
+
+    holder.revoke(terminate=True)
+    fence = tasks.pass_gate.delay(log.key, key).get(timeout=RESULT_TIMEOUT_S)
+
+    waited_s = time.monotonic() - started
+    [entered, *_] = log.entries()
+
+    assert fence > entered["fence"]
+    # An expiring lease lasts at least two thirds of lease_ms after its last renewal.
+    assert waited_s < tasks.LEASE_MS / 1000 * 2 / 3, f"the next holder waited {waited_s:.3f} s"

@@ -41,7 +41,7 @@ def greenlet_portal() -> str | None:
     return None
 
 
-MUTANTS = {"greenlet-portal": ("redis_fifo_lock.portal", "_green_patched", greenlet_portal)}
+MUTANTS = {"greenlet-portal": ("redis_fifo_lock.native", "green", greenlet_portal)}
 """Mutant name: (module, attribute, replacement)."""
 
 
