@@ -183,3 +183,30 @@ def test_a_terminated_holder_frees_the_lock_at_once(worker: Worker, log: Log, ke
     assert fence > entered["fence"]
     # An expiring lease lasts at least two thirds of lease_ms after its last renewal.
     assert waited_s < tasks.LEASE_MS / 1000 * 2 / 3, f"the next holder waited {waited_s:.3f} s"
+
+
+def handover(pool: str, mutant: str = "") -> dict[str, Any]:
+    """What ``tests.support.green_guard`` saw in a ``pool``-patched process."""
+    args = [sys.executable, "-W", "ignore", "-m", "tests.support.green_guard", pool]
+    done = subprocess.run(
+        [*args, *([mutant] if mutant else [])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("pool", [green(name) for name in GREEN_POOLS])
+def test_a_guard_held_by_a_green_thread_passes_to_the_portal_thread(pool: str) -> None:
+    assert handover(pool) == {"handed": True}
+
+
+def test_the_handover_under_eventlet_kills_green_guards() -> None:
+    if importlib.util.find_spec("eventlet") is None:
+        pytest.skip("eventlet is not installed")
+    assert handover("eventlet", "green-guards") == {"handed": False}, "green-guards passed"
