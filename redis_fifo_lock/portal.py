@@ -34,6 +34,8 @@ T = TypeVar("T")
 
 CANCEL_GRACE_S = 5.0
 """Seconds an interrupted sync call waits for its withdrawal to reach Redis."""
+REARM_S = 1.0
+"""Seconds between two registrations of an ``EventletWaker``'s pipe with the hub."""
 
 
 class Signal(Protocol):
@@ -88,16 +90,22 @@ class EventletWaker:
         self._eventlet: Any = importlib.import_module("eventlet")  # untyped, and optional
         self._pending: list[Any] = []  # eventlet Events to send
         self._guard = native.lock()
+        self._pid = os.getpid()
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
         self._os: Any = importlib.import_module("eventlet.patcher").original("os")
+        self._hubs: Any = importlib.import_module("eventlet.hubs")
         self._eventlet.spawn(self._dispatch)
 
     def _dispatch(self) -> None:
-        trampoline = importlib.import_module("eventlet.hubs").trampoline
         while True:
-            trampoline(self._read, read=True)
+            # Re-armed every REARM_S: a forked child shares the hub's epoll, and
+            # its copy of this wait unregisters the pipe there when it ends.
+            with contextlib.suppress(self._eventlet.Timeout):
+                self._hubs.trampoline(self._read, read=True, timeout=REARM_S)
+            if os.getpid() != self._pid:
+                return  # a forked child's copy: the wake-ups are the parent's
             with contextlib.suppress(BlockingIOError):
                 self._os.read(self._read, 4096)
             with self._guard:

@@ -210,3 +210,37 @@ def test_the_handover_under_eventlet_kills_green_guards() -> None:
     if importlib.util.find_spec("eventlet") is None:
         pytest.skip("eventlet is not installed")
     assert handover("eventlet", "green-guards") == {"handed": False}, "green-guards passed"
+
+
+def fork_and_use(url: str, mutant: str = "") -> subprocess.CompletedProcess[str]:
+    """Run ``tests.support.green_fork`` (eventlet), with ``mutant`` applied if given."""
+    if importlib.util.find_spec("eventlet") is None:
+        pytest.skip("eventlet is not installed")
+    args = [sys.executable, "-W", "ignore", "-m", "tests.support.green_fork", url]
+    return subprocess.run(
+        [*args, *([mutant] if mutant else [])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_an_eventlet_process_and_its_forked_child_both_keep_using_the_lock(
+    redis_url: str,
+) -> None:
+    """A child forked from an eventlet process shares its hub's epoll: the
+    child's copy of the parent's waker unregistered the parent's pipe there,
+    and the parent hung in its next call (3 runs of 3) until the waker re-armed."""
+    done = fork_and_use(redis_url)
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"before": 20, "after": 20, "child": 0}
+
+
+def test_the_fork_kills_waker_never_rearms(redis_url: str) -> None:
+    done = fork_and_use(redis_url, "waker-never-rearms")
+
+    assert done.returncode != 0, "waker-never-rearms passed"
+    assert "Timeout (0:00:08)!" in done.stderr  # faulthandler: it hung
