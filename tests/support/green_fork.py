@@ -25,7 +25,7 @@ import uuid  # noqa: E402
 from redis_fifo_lock import SyncFifoLock  # noqa: E402
 
 ROUNDS = 20
-HANG_S = 8.0
+HANG_S = 6.0
 """Seconds after which the process counts as hung (a run takes about 2 s)."""
 
 

@@ -32,7 +32,7 @@ import uuid  # noqa: E402
 from typing import Any  # noqa: E402
 
 LEASE_MS = 1000
-SPIN_MS = 2500
+SPIN_MS = 2000
 
 
 def greenlet_portal() -> str | None:
