@@ -5,7 +5,7 @@
 ``ROUNDS`` times, forks, and does it again in the child and in the parent at
 once. The child shares the parent's hub (its epoll), whose registrations a
 wait of either process can undo. Prints one JSON line: what each side
-managed; exits 1 through ``faulthandler`` if either hangs for ``HANG_S``.
+managed; either exits 1 through ``faulthandler`` if it hangs for ``HANG_S``.
 ``MUTANT`` names a mutant of ``tests.celery_tests.test_celery_green`` to apply
 first.
 """
@@ -19,6 +19,7 @@ eventlet.monkey_patch()
 import faulthandler  # noqa: E402  (after the monkey-patching, as in a green worker)
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
 
@@ -59,6 +60,8 @@ def main() -> None:
     before = use(lock)
     child = os.fork()
     if child == 0:
+        # SIGALRM ends a hung child (faulthandler's watchdog thread stayed in the parent).
+        signal.alarm(int(HANG_S))
         try:
             os._exit(0 if use(lock) == ROUNDS else 3)
         finally:
