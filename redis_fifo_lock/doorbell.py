@@ -56,7 +56,7 @@ from . import native
 from .acl import RULES_HINT, refusal
 from .errors import ClientDropped
 from .eviction import server_of
-from .protocol import AsyncClient, Grant, LockKeys, as_text
+from .protocol import AsyncClient, Grant, LockKeys, as_text, lost_in_transport
 from .timeouts import cancelling, within
 
 log = logging.getLogger(__name__)
@@ -847,7 +847,11 @@ async def check_ringing(client: AsyncClient, keys: LockKeys, poll_ms: int) -> bo
                 exc,
                 poll_ms,
             )
-    except FAILURES:
+    except (*FAILURES, AttributeError, TypeError, RuntimeError) as exc:
+        if isinstance(exc, (AttributeError, TypeError, RuntimeError)) and not lost_in_transport(
+            exc
+        ):
+            raise
         return False
     return True
 

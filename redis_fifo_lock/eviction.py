@@ -136,17 +136,21 @@ async def check_eviction_policy(
                 exc,
             )
         return
-    except (RedisError, RedisClusterException, OSError, asyncio.TimeoutError, TypeError) as exc:
-        if isinstance(exc, TypeError) and not lost_in_transport(exc):
+    except (
+        RedisError,
+        RedisClusterException,
+        OSError,
+        asyncio.TimeoutError,
+        AttributeError,
+        TypeError,
+        RuntimeError,
+    ) as exc:
+        if isinstance(exc, (AttributeError, TypeError, RuntimeError)) and not lost_in_transport(
+            exc
+        ):
             raise
         with _guard:
             state.checked_at = previous  # not asked: the next use asks again
-        return
-    except AttributeError as exc:
-        if not lost_in_transport(exc):
-            raise
-        with _guard:
-            state.checked_at = previous
         return
     with _guard:
         state.known = True

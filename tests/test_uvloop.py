@@ -21,9 +21,11 @@ from redis.asyncio import Redis as AsyncRedis
 
 from redis_fifo_lock import FifoLock
 from redis_fifo_lock import alarms as alarms_module
+from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock import protocol as protocol_module
 from redis_fifo_lock.alarms import Alarms
 from redis_fifo_lock.portal import Portal
+from redis_fifo_lock.protocol import LockKeys
 from tests.conftest import FaultProxyFactory
 
 LOOPS = pytest.mark.parametrize(
@@ -187,3 +189,57 @@ def test_a_uvloop_ring_a_millisecond_early_kills_no_ring_margin(
     clock reached it, as before; the scenario above arms hundreds of timers."""
     monkeypatch.setattr(alarms_module, "RING_MARGIN_S", 0.0)
     assert _on(uvloop.new_event_loop, _timers_armed_for_alarms(Alarms, 30)) > 100
+
+
+async def _first_acquire_after_an_idle_reset(proxy_url: str, proxy: Any) -> str:
+    """Through ``proxy``: use the client, reset its connections while it is
+    idle, then a lock's first acquire on that server (its eviction check comes
+    first): how the acquire ended."""
+    client = AsyncRedis.from_url(proxy_url)
+    try:
+        await client.ping()
+        proxy.reset()
+        await asyncio.sleep(0.2)  # the loop sees the connection closed
+        lock = FifoLock(client, "evict-after-reset", lease_ms=5000, poll_ms=1000)
+        try:
+            await lock.release(await lock.acquire(timeout=3))
+        except Exception as exc:
+            return type(exc).__name__
+        return "ok"
+    finally:
+        await client.aclose()
+
+
+@LOOPS
+def test_a_first_acquire_on_a_connection_reset_while_idle_is_typed(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+    fault_proxy: FaultProxyFactory,
+    redis_url: str,
+    redis: Redis,
+) -> None:
+    """The eviction check (``CONFIG GET``) of a lock's first acquire on a server
+    let uvloop's ``RuntimeError`` for a closed transport out of ``acquire``
+    (3/3, found by an outside attack); an outage is ``RedisUnavailable``."""
+    proxy = fault_proxy(redis_url)
+    outcome = _on(new_loop, _first_acquire_after_an_idle_reset(proxy.url, proxy))
+    assert outcome in ("ok", "RedisUnavailable"), outcome
+
+
+class _ClosedTransportClient:
+    """A client whose every command meets uvloop's closed transport."""
+
+    connection_pool = None
+
+    async def publish(self, channel: object, message: object) -> int:
+        raise RuntimeError(
+            "unable to perform operation on <TCPTransport closed=True>; the handler is closed"
+        )
+
+
+async def test_a_ringing_check_on_a_lost_connection_is_made_again_later() -> None:
+    """The check that Redis lets the lock ring took a lost connection for a bug:
+    an ERROR, and the check counted as made, so a refused PUBLISH was never
+    reported (uvloop 3/3, Python 3.13.0 3/3; an outside attack). It is not
+    made, and a later wait checks again."""
+    client: Any = _ClosedTransportClient()
+    assert await doorbell_module.check_ringing(client, LockKeys("ringing"), 1000) is False
