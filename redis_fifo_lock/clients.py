@@ -165,7 +165,7 @@ class LoopClients:
             URL redis-py can parse (see ``redis_fifo_lock.connection.check_url``),
             ``ssl=False`` with other TLS options, TLS on a unix socket, an
             option value redis-py refuses (``protocol`` other than 2 or 3, an
-            unknown ``ssl_cert_reqs``), or ``max_connections`` below the 4 a
+            unknown ``ssl_cert_reqs``), or ``max_connections`` below the 5 a
             lock may use on one loop (``waiting.check_pool_size``).
 
     ``client()`` must be called on a running loop. The clients are kept in

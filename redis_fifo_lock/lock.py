@@ -257,7 +257,7 @@ class FifoLock:
         ValueError: naming the setting, for a bad name, namespace, settings,
             ``name_template`` or ``integration``, ``replicas`` with a
             ``RedisCluster`` client, or a client whose pool allows fewer than
-            the 4 connections a lock may use on one loop
+            the 5 connections a lock may use on one loop
             (``waiting.check_pool_size``).
         TypeError: when ``redis_client`` is a synchronous ``redis.Redis`` or
             ``redis.RedisCluster``, or anything else but a ``redis.asyncio``

@@ -80,12 +80,13 @@ MAX_CONCURRENT_CALLS = 2
 
 MAX_URGENT_CALLS = 1
 """Renewals and releases one hub runs at once, in a lane of their own so that
-they never queue behind enqueues, claims and polls (with the doorbell: at most 4
-connections per hub)."""
+they never queue behind enqueues, claims and polls (see ``HUB_CONNECTIONS``)."""
 
-HUB_CONNECTIONS = MAX_CONCURRENT_CALLS + MAX_URGENT_CALLS + 1
+HUB_CONNECTIONS = MAX_CONCURRENT_CALLS + MAX_URGENT_CALLS + 1 + 1
 """Connections one hub (one client on one event loop) may have open at once:
-its two lanes' calls and the doorbell's subscription."""
+its two lanes' calls and the doorbell's subscription, and while the doorbell
+rebuilds a broken subscription, the new one (opened before the broken one is
+closed, which stays in place if the new one fails)."""
 
 EXPIRY_MARGIN_S = 0.002
 """How long after a lease is due to run out, in seconds, the poll that looks for
@@ -1234,7 +1235,8 @@ def check_pool_size(where: str, client: object) -> None:
         raise ValueError(
             f"{where}: max_connections of the client's pool is {limit}; the lock needs "
             f"{HUB_CONNECTIONS} connections on each event loop that uses it (its calls, "
-            "its renewals and releases, its doorbell); raise max_connections to "
+            "its renewals and releases, its doorbell and the doorbell's rebuilding); raise "
+            "max_connections to "
             f"{HUB_CONNECTIONS} or more, plus what your own commands use on the same client"
         )
 

@@ -275,7 +275,7 @@ def test_deploy_still_warns_when_an_acl_refuses_config_get(
     ("backend", "options"),
     [
         ("django-redis", {"CONNECTION_POOL_KWARGS": {"max_connections": 2}}),
-        ("builtin", {"max_connections": 3}),
+        ("builtin", {"max_connections": 4}),
     ],
 )
 def test_a_pool_too_small_for_a_lock_fails_the_checks(
@@ -286,4 +286,4 @@ def test_a_pool_too_small_for_a_lock_fails_the_checks(
     with override_settings(CACHES=lock_caches(redis_url, backend, **options)):
         [message] = fifolock_messages()
     assert message.id == "fifolock.E004"
-    assert "max_connections" in message.msg and "needs 4 connections" in message.msg
+    assert "max_connections" in message.msg and "needs 5 connections" in message.msg
