@@ -114,11 +114,10 @@ def test_a_locked_body_can_run_a_coroutine(worker: Worker, key: str) -> None:
     assert tasks.run_a_coroutine.delay(key).get(timeout=RESULT_TIMEOUT_S) == key
 
 
-def spin(pool: str, url: str, mutant: str = "") -> dict[str, Any]:
-    """What ``tests.support.green_spin`` saw in a ``pool``-patched process."""
-    args = [sys.executable, "-W", "ignore", "-m", "tests.support.green_spin", pool, url]
+def _script_result(module: str, *args: str) -> dict[str, Any]:
+    """The JSON line ``python -m module *args`` printed last (it must exit 0)."""
     done = subprocess.run(
-        [*args, *([mutant] if mutant else [])],
+        [sys.executable, "-W", "ignore", "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -128,6 +127,11 @@ def spin(pool: str, url: str, mutant: str = "") -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
+
+
+def spin(pool: str, url: str, mutant: str = "") -> dict[str, Any]:
+    """What ``tests.support.green_spin`` saw in a ``pool``-patched process."""
+    return _script_result("tests.support.green_spin", pool, url, *([mutant] if mutant else []))
 
 
 @pytest.mark.parametrize("pool", [green(name) for name in GREEN_POOLS])
@@ -187,18 +191,7 @@ def test_a_terminated_holder_frees_the_lock_at_once(worker: Worker, log: Log, ke
 
 def handover(pool: str, mutant: str = "") -> dict[str, Any]:
     """What ``tests.support.green_guard`` saw in a ``pool``-patched process."""
-    args = [sys.executable, "-W", "ignore", "-m", "tests.support.green_guard", pool]
-    done = subprocess.run(
-        [*args, *([mutant] if mutant else [])],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
+    return _script_result("tests.support.green_guard", pool, *([mutant] if mutant else []))
 
 
 @pytest.mark.parametrize("pool", [green(name) for name in GREEN_POOLS])

@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import sys
 
+from tests.support.green_patch import patch_as
+
 POOL = sys.argv[1] if __name__ == "__main__" else ""
-if POOL == "gevent":
-    from gevent import monkey
-
-    monkey.patch_all()
-elif POOL == "eventlet":
-    import eventlet
-
-    eventlet.monkey_patch()
+patch_as(POOL)
 
 import json  # noqa: E402  (after the monkey-patching, as in a green worker)
 import threading  # noqa: E402
@@ -65,6 +60,8 @@ def main() -> None:
 def _os_lock(library: native.Green) -> threading.Lock:
     """An unpatched lock."""
     if library == "gevent":
+        from gevent import monkey
+
         lock: threading.Lock = monkey.get_original("_thread", "allocate_lock")()
         return lock
     import eventlet.patcher

@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import sys
 
+from tests.support.green_patch import patch_as
+
 POOL = sys.argv[1] if __name__ == "__main__" else ""
-if POOL == "gevent":
-    from gevent import monkey
-
-    monkey.patch_all()
-elif POOL == "eventlet":
-    import eventlet
-
-    eventlet.monkey_patch()
+patch_as(POOL)
 
 import asyncio  # noqa: E402  (after the monkey-patching, as in a green worker)
 import json  # noqa: E402
