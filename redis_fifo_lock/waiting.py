@@ -354,6 +354,7 @@ class WaitGroup:
         watching = False
         try:
             watching = await self._watch()
+            unchecked = watching
             loop = asyncio.get_running_loop()
             due = loop.time() + (self._first_poll_s() if watching else 0.0)
             while True:
@@ -387,6 +388,9 @@ class WaitGroup:
                 self._wake.clear()
                 self._poll_now = False
                 due = loop.time() + await self._poll_once()
+                if unchecked:
+                    unchecked = False
+                    await self._check_ringing()
         except ClientDropped:
             # Its waiters, which hold the client, left while this poll (or the
             # ringing check) waited for a call slot: nobody is left to poll for.
@@ -398,13 +402,12 @@ class WaitGroup:
 
     async def _watch(self) -> bool:
         channel = self.channel
-        # Half a lease at most for both: the first poll waits for them, and must
-        # still come before a grant made meanwhile could expire.
-        deadline = self.hub.loop.time() + self.settings.lease_ms / 2000
         try:
-            # False: the client has no pub/sub (the doorbell warned once).
+            # Half a lease at most: the first poll waits for it, and must still
+            # come before a grant made meanwhile could expire. False: the client
+            # has no pub/sub (the doorbell warned once).
             watching = await within(
-                self.hub.doorbell.watch(channel, self.ring), deadline - self.hub.loop.time()
+                self.hub.doorbell.watch(channel, self.ring), self.settings.lease_ms / 2000
             )
         except ResponseError as exc:
             # Refused (an ACL): said once per server and rule, not per wait.
@@ -434,9 +437,17 @@ class WaitGroup:
             )
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
-        left_s = deadline - self.hub.loop.time()
+        return watching
+
+    async def _check_ringing(self) -> None:
+        """Check, once per server, user and namespace in this process, that
+        Redis lets the scripts ring the doorbell (``doorbell.check_ringing``),
+        within half a lease. Made after the group's first poll, not before:
+        that poll refreshes the process's liveness, and on a slow link the
+        check's call (on a connection still to be opened) held it back past
+        ``lease_ms``, and the waiters lost their places."""
         client = self.hub.client  # held for the check: its claim is handed back on it
-        if watching and left_s > 0 and claim_ringing_check(client, self.keys):
+        if claim_ringing_check(client, self.keys):
             checked = False
             try:
                 checked = await within(
@@ -444,7 +455,7 @@ class WaitGroup:
                         self.hub.calls,
                         lambda client: check_ringing(client, self.keys, self.settings.poll_ms),
                     ),
-                    left_s,
+                    self.settings.lease_ms / 2000,
                 )
             except asyncio.TimeoutError:
                 pass  # a later wait checks
@@ -460,7 +471,6 @@ class WaitGroup:
             finally:
                 if not checked:
                     drop_ringing_check(client, self.keys)
-        return watching
 
     def _first_poll_s(self) -> float:
         """Seconds until the group's first poll, its doorbell being watched.

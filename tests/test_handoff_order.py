@@ -10,14 +10,18 @@ the reader its next read - and must let the next holder run first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from redis_fifo_lock import FifoLock, Lease, doorbell
+from redis_fifo_lock import waiting as waiting_module
+from redis_fifo_lock.protocol import Protocol
 from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.support.polling import until
 
@@ -148,3 +152,79 @@ async def test_the_publish_check_is_made_once_however_many_waits_start_together(
             await FifoLock(holding, name).release(lease)
         await holding.aclose()
         await waiting.aclose()
+
+
+async def _first_poll_while_the_check_hangs(
+    server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> bool:
+    """A process's first wait, whose check that the lock may ring does not
+    answer (as a call on a connection still being opened over a slow link):
+    whether the group's first poll was sent within a quarter of the lease
+    (the check's bound is half of it)."""
+    monkeypatch.setattr(doorbell, "_ringing_checked", set())
+    checking, polled = asyncio.Event(), asyncio.Event()
+
+    async def unanswered_check(client: object, keys: object, poll_ms: int) -> bool:
+        checking.set()
+        await asyncio.Event().wait()
+        return True
+
+    poll = Protocol.poll
+
+    async def recorded_poll(self: Protocol, *args: Any, **kwargs: Any) -> Any:
+        polled.set()
+        return await poll(self, *args, **kwargs)
+
+    monkeypatch.setattr(waiting_module, "check_ringing", unanswered_check)
+    monkeypatch.setattr(Protocol, "poll", recorded_poll)
+    settings = {"lease_ms": 4000, "poll_ms": 2000}
+    holding, waiting = Redis.from_url(server_url), Redis.from_url(server_url)
+    try:
+        held = await FifoLock(holding, "first-poll", **settings).acquire(timeout=5)
+        waiter = asyncio.create_task(
+            FifoLock(waiting, "first-poll", **settings).acquire(timeout=10)
+        )
+        await until(lambda: waiter.done() or checking.is_set(), "the check began", pause_s=0.01)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(polled.wait(), 1.0)
+        await FifoLock(holding, "first-poll", **settings).release(held)
+        await FifoLock(waiting, "first-poll", **settings).release(await waiter)
+        return polled.is_set()
+    finally:
+        await holding.aclose()
+        await waiting.aclose()
+
+
+async def test_a_first_wait_polls_before_its_ringing_check_answers(
+    fresh_redis_server: PrivateRedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first poll of a wait group keeps the process's requests queued
+    (Redis drops them ``lease_ms`` after the last poll or acquire of the
+    process). A process's first wait used to make its ringing check before
+    that poll, and on a slow link (200 ms each way, lease 3 s) the check's call,
+    on a connection still to be opened, held the poll back past the lease: a
+    waiter first in line was served after one that came later."""
+    assert await _first_poll_while_the_check_hangs(fresh_redis_server().url, monkeypatch)
+
+
+def _check_first(waiting_group: type[waiting_module.WaitGroup]) -> None:
+    """MUTANT ringing-check-before-first-poll: the group makes the ringing check
+    before its first poll (before the test above)."""
+    watch = waiting_group._watch
+
+    async def watch_then_check(self: waiting_module.WaitGroup) -> bool:
+        watching = await watch(self)
+        if watching:
+            await self._check_ringing()
+        return watching
+
+    waiting_group._watch = watch_then_check  # type: ignore[method-assign]
+
+
+async def test_a_hanging_ringing_check_kills_ringing_check_before_first_poll(
+    fresh_redis_server: PrivateRedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiting_module.WaitGroup, "_watch", waiting_module.WaitGroup._watch)
+    _check_first(waiting_module.WaitGroup)
+    polled = await _first_poll_while_the_check_hangs(fresh_redis_server().url, monkeypatch)
+    assert not polled, "ringing-check-before-first-poll passed"

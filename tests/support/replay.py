@@ -56,13 +56,18 @@ class ScriptCalls:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[ScriptCall] = []
+        self.answered: list[ScriptCall] = []
+        """The calls whose reply arrived, in the order they arrived."""
         original: Callable[[Script, AsyncClient, list[str], list[Any]], Awaitable[Any]]
         original = Script.run
-        calls = self.calls
+        calls, answered = self.calls, self.answered
 
         async def run(self: Script, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
-            calls.append(ScriptCall(self, client, tuple(keys), tuple(args)))
-            return await original(self, client, keys, args)
+            call = ScriptCall(self, client, tuple(keys), tuple(args))
+            calls.append(call)
+            reply = await original(self, client, keys, args)
+            answered.append(call)
+            return reply
 
         monkeypatch.setattr(Script, "run", run)
 
