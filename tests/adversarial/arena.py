@@ -221,6 +221,10 @@ class LoopThread:
             self.loop.close()
 
 
+class NotStaged(Exception):
+    """A case's schedule did not come about (a race the lock is free to win); run it again."""
+
+
 async def in_fresh_arena(
     arena: Arena, case: Callable[[Arena], Awaitable[list[str]]], *, load_scripts: bool = True
 ) -> list[str]:

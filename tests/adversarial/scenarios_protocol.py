@@ -16,7 +16,7 @@ from redis_fifo_lock.errors import LockUsageError
 from redis_fifo_lock.settings import LockSettings
 from redis_fifo_lock.waiting import hub_for
 from tests.adversarial.actors import Actor, Plan
-from tests.adversarial.arena import Arena, LoopThread, in_fresh_arena
+from tests.adversarial.arena import Arena, LoopThread, NotStaged, in_fresh_arena
 from tests.adversarial.clients import make_client, names
 from tests.adversarial.faults import KEY_PARTS, kill_connections
 from tests.adversarial.registry import Context, Outcome, outcome, scenario
@@ -518,10 +518,6 @@ async def late_replays(ctx: Context) -> Outcome:
         else:
             problems.append(f"{label}: could not stage the case in 3 attempts")
     return outcome(ctx, "late-replays", problems)
-
-
-class NotStaged(Exception):
-    """A case's schedule did not come about (a race the lock is free to win); run it again."""
 
 
 RESENT_POLL_MS = 5000
