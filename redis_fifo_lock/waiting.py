@@ -388,7 +388,7 @@ class WaitGroup:
                 self._wake.clear()
                 self._poll_now = False
                 due = loop.time() + await self._poll_once()
-                if unchecked:
+                if unchecked and self._may_check_ringing():
                     unchecked = False
                     await self._check_ringing()
         except ClientDropped:
@@ -438,6 +438,12 @@ class WaitGroup:
             await self.hub.doorbell.unwatch(channel, self.ring)
             return False
         return watching
+
+    def _may_check_ringing(self) -> bool:
+        """Whether the group's ringing check may be made now: right after a poll
+        that Redis answered, for waiters still there (a failed first poll is
+        tried again at once, and the check must not hold that retry back)."""
+        return bool(self.waiters) and not self._poll_failed
 
     async def _check_ringing(self) -> None:
         """Check, once per server, user and namespace in this process, that

@@ -19,9 +19,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from redis_fifo_lock import FifoLock, Lease, doorbell
+from redis_fifo_lock import FifoLock, Lease, RedisUnavailable, doorbell
 from redis_fifo_lock import waiting as waiting_module
-from redis_fifo_lock.protocol import Protocol
+from redis_fifo_lock.protocol import LockKeys, Protocol
 from redis_fifo_lock.testing import PrivateRedisFactory
 from tests.support.polling import until
 
@@ -160,14 +160,16 @@ async def test_the_publish_check_is_made_once_however_many_waits_start_together(
 
 
 async def _first_poll_while_the_check_hangs(
-    server_url: str, monkeypatch: pytest.MonkeyPatch
+    server_url: str, monkeypatch: pytest.MonkeyPatch, *, first_poll_fails: bool = False
 ) -> bool:
     """A process's first wait, whose check that the lock may ring does not
     answer (as a call on a connection still being opened over a slow link):
-    whether the group's first poll was sent within a quarter of the lease
-    (the check's bound is half of it)."""
+    whether the group's first poll (its second, once the first failed if
+    ``first_poll_fails``) was sent within a quarter of the lease (the check's
+    bound is half of it)."""
     monkeypatch.setattr(doorbell, "_ringing_checked", set())
     checking, polled = asyncio.Event(), asyncio.Event()
+    polls: list[object] = []
 
     async def unanswered_check(client: object, keys: object, poll_ms: int) -> bool:
         checking.set()
@@ -176,9 +178,12 @@ async def _first_poll_while_the_check_hangs(
 
     poll = Protocol.poll
 
-    async def recorded_poll(self: Protocol, *args: Any, **kwargs: Any) -> Any:
+    async def recorded_poll(self: Protocol, client: Any, keys: LockKeys, *args: Any) -> Any:
+        polls.append(keys)
+        if first_poll_fails and len(polls) == 1:
+            raise RedisUnavailable(keys.name, "the first poll's connection was lost")
         polled.set()
-        return await poll(self, *args, **kwargs)
+        return await poll(self, client, keys, *args)
 
     monkeypatch.setattr(waiting_module, "check_ringing", unanswered_check)
     monkeypatch.setattr(Protocol, "poll", recorded_poll)
@@ -212,6 +217,17 @@ async def test_a_first_wait_polls_before_its_ringing_check_answers(
     assert await _first_poll_while_the_check_hangs(fresh_redis_server().url, monkeypatch)
 
 
+async def test_a_first_poll_that_failed_is_retried_before_the_ringing_check(
+    fresh_redis_server: PrivateRedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check waits for a poll that Redis answered: a first poll that failed
+    (its pooled connection reset while idle, say) is tried again at once, not
+    after the check (which may take half a lease on a slow link: found by an
+    outside attack; the retry was then as late as before f8bc78d)."""
+    url = fresh_redis_server().url
+    assert await _first_poll_while_the_check_hangs(url, monkeypatch, first_poll_fails=True)
+
+
 def _check_first(waiting_group: type[waiting_module.WaitGroup]) -> None:
     """MUTANT ringing-check-before-first-poll: the group makes the ringing check
     before its first poll (before the test above)."""
@@ -233,3 +249,14 @@ async def test_a_hanging_ringing_check_kills_ringing_check_before_first_poll(
     _check_first(waiting_module.WaitGroup)
     polled = await _first_poll_while_the_check_hangs(fresh_redis_server().url, monkeypatch)
     assert not polled, "ringing-check-before-first-poll passed"
+
+
+async def test_a_failed_first_poll_kills_check_after_failed_poll(
+    fresh_redis_server: PrivateRedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MUTANT check-after-failed-poll: the check follows the first poll even
+    when it failed (as in f8bc78d)."""
+    monkeypatch.setattr(waiting_module.WaitGroup, "_may_check_ringing", lambda self: True)
+    url = fresh_redis_server().url
+    polled = await _first_poll_while_the_check_hangs(url, monkeypatch, first_poll_fails=True)
+    assert not polled, "check-after-failed-poll passed"
