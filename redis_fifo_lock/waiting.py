@@ -37,13 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import (
-    NoPermissionError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-)
+from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
 from . import metrics
 from .calls import UNKNOWN_CALL, call_ids
@@ -68,7 +62,6 @@ from .protocol import (
     PollReply,
     Protocol,
     bounded,
-    lost_in_transport,
     new_ring_key,
     ring_proof,
 )
@@ -98,9 +91,6 @@ closed, which stays in place if the new one fails)."""
 EXPIRY_MARGIN_S = 0.002
 """How long after a lease is due to run out, in seconds, the poll that looks for
 its end is sent."""
-DROP_IDLE_S = 1.0
-"""Longest wait, in seconds, for a pool's idle connections to close after a
-call met a lost connection (``drop_idle_connections``)."""
 RETRY_AFTER_ERROR_S = 0.5
 """Pause before a poll or withdrawal that failed is tried again, in seconds (a
 poll that failed after one that was answered is tried again at once). For
@@ -1215,17 +1205,9 @@ class Hub:
         """Take a slot of ``lane`` (``calls`` or ``urgent``), then run
         ``call(client)`` - a ``Protocol`` call on this hub's client - and return
         its reply. The call is made once the slot is taken, so what it sends (a
-        floor, a send time) is read when it is sent. Raises what ``call`` raises;
-        a call that met a lost connection first closes the pool's idle ones
-        (``drop_idle_connections``)."""
+        floor, a send time) is read when it is sent. Raises what ``call`` raises."""
         async with lane:
-            client = self.client
-            try:
-                return await call(client)
-            except RedisUnavailable as exc:
-                if connection_lost(exc.cause):
-                    await drop_idle_connections(client)
-                raise
+            return await call(self.client)
 
     async def check_eviction_policy(self, name: str) -> None:
         """Warn (naming lock ``name``) if the server may evict keys: see
@@ -1242,32 +1224,6 @@ def _digest_of(settings: LockSettings) -> str:
     """A short digest of ``settings``, worked out once for the few settings a
     process uses: a release asks for it on the way to Redis."""
     return hashlib.blake2s(repr(settings).encode(), digest_size=4).hexdigest()
-
-
-def connection_lost(cause: BaseException | None) -> bool:
-    """Whether ``cause`` (a ``RedisUnavailable``'s) says the connection a call
-    went out on was lost (reset, closed), not that Redis was slow or refused."""
-    if cause is None:
-        return False
-    return isinstance(cause, (RedisConnectionError, OSError)) or lost_in_transport(cause)
-
-
-async def drop_idle_connections(client: AsyncClient) -> None:
-    """Close the idle connections of ``client``'s pool (not a ``RedisCluster``'s,
-    whose pools are per node), within ``DROP_IDLE_S``.
-
-    A call just met a lost connection: the idle ones were most likely lost
-    the same way (a Redis restart, a failover, a proxy resetting every
-    connection, the server's ``timeout`` or a firewall closing idle ones), and
-    redis-py hands them out as they are, each failing the next call that gets
-    it: the lock's next calls (a waiter's claim of its grant, a release) then
-    failed one after another. Closed, they are opened again on their next
-    use. A healthy idle connection closed with them costs a reconnection."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        return
-    with contextlib.suppress(Exception):
-        await within(pool.disconnect(inuse_connections=False), DROP_IDLE_S)
 
 
 def check_pool_size(where: str, client: object) -> None:

@@ -54,7 +54,6 @@ from redis_fifo_lock import (
 from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock import lock as lock_module
 from redis_fifo_lock import protocol as protocol_module
-from redis_fifo_lock import waiting as waiting_module
 from redis_fifo_lock.doorbell import LINGER_S
 from redis_fifo_lock.inventory import lock_names_sync
 from redis_fifo_lock.protocol import CALL_TIMEOUT_S, LockKeys
@@ -1903,69 +1902,3 @@ def _never_lost(exc: BaseException) -> bool:
     """MUTANT transport-error-escapes: an error asyncio's transport raised in a
     write is taken for a bug, not for the lost connection it is."""
     return False
-
-
-async def _how_it_ended(call: Awaitable[object]) -> str:
-    try:
-        await call
-    except RedisUnavailable:
-        return "RedisUnavailable"
-    return "ok"
-
-
-async def _status_calls_after_redis_closed_the_idle_connections(url: str) -> list[str]:
-    """A client (redis-py's defaults, no retries: as ``Redis.from_url`` makes
-    it) holds three idle pooled connections; the server's ``timeout`` (1 s
-    here; a firewall's idle timeout does the same) closes them. How a
-    ``status()`` call of a lock on that client then ended, and how two more
-    made at once did."""
-    admin = AsyncRedis.from_url(url)
-    client = AsyncRedis.from_url(url)
-    lock = FifoLock(client, "idle-closed")
-    ended: list[str] = []
-
-    async def idle_closed() -> bool:
-        clients = await admin.client_list()
-        return [c["cmd"] for c in clients] == ["client|list"]
-
-    try:
-        await lock.status()
-        # Three connections at once: they stay in the pool, idle.
-        await asyncio.gather(*(client.blpop(["nothing-here"], 0.05) for _ in range(3)))
-        await admin.config_set("timeout", 1)
-        await until(idle_closed, "Redis closed every idle connection but this one")
-        await admin.config_set("timeout", 0)
-        ended.append(await _how_it_ended(lock.status()))
-        # Then two at once (a wait's claim beside a renewal, say): each takes
-        # an idle connection.
-        ended += await asyncio.gather(_how_it_ended(lock.status()), _how_it_ended(lock.status()))
-    finally:
-        await client.aclose()
-        await admin.aclose()
-    return ended
-
-
-async def test_after_redis_closed_the_idle_connections_one_call_fails_not_one_per_connection(
-    fresh_redis_server: PrivateRedisFactory,
-) -> None:
-    """redis-py hands out a pool's idle connections that the server closed as
-    they are, each failing the call that gets it (here a second one, when two
-    calls went out at once after the first failure; a waiter's claim of its grant after a
-    Redis restart met one in 2 of 3 runs and waited for its next poll). The
-    first call that meets one closes the pool's idle connections."""
-    ended = await _status_calls_after_redis_closed_the_idle_connections(fresh_redis_server().url)
-    assert ended == ["RedisUnavailable", "ok", "ok"]
-
-
-async def test_closed_idle_connections_kill_idle_connections_kept(
-    fresh_redis_server: PrivateRedisFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """MUTANT idle-connections-kept: a call that met a lost connection leaves
-    the pool's other idle connections as they are (before this change)."""
-
-    async def kept(client: object) -> None:
-        return None
-
-    monkeypatch.setattr(waiting_module, "drop_idle_connections", kept)
-    ended = await _status_calls_after_redis_closed_the_idle_connections(fresh_redis_server().url)
-    assert ended.count("RedisUnavailable") > 1, "idle-connections-kept passed"
