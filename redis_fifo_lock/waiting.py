@@ -37,7 +37,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import (
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from . import metrics
 from .calls import UNKNOWN_CALL, call_ids
@@ -62,6 +68,7 @@ from .protocol import (
     PollReply,
     Protocol,
     bounded,
+    lost_in_transport,
     new_ring_key,
     ring_proof,
 )
@@ -344,11 +351,24 @@ class WaitGroup:
         return reply
 
     async def claim(self, token: str, ticket: int) -> ClaimReply:
-        """Run the claim script for request (token, ticket)."""
-        return await self.hub.run(
-            self.hub.calls,
-            lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
-        )
+        """Run the claim script for request (token, ticket). A claim that met a
+        lost connection is sent once more at once: after a Redis restart or a
+        proxy reset, redis-py hands out the pool's dead idle connections one by
+        one (the doorbell's new subscription may have taken the one a failed
+        poll reopened), and the grant would otherwise wait for the next poll
+        (up to ``poll_ms``). Claiming twice is safe: the claim only re-arms the
+        request's own grant, and its lease is dated from the first one sent.
+        Raises ``RedisUnavailable`` if the claim sent again fails too."""
+
+        def send(client: AsyncClient) -> Awaitable[ClaimReply]:
+            return self.protocol.claim(client, self.keys, token, ticket, self.settings)
+
+        try:
+            return await self.hub.run(self.hub.calls, send)
+        except RedisUnavailable as exc:
+            if not connection_lost(exc.cause):
+                raise
+        return await self.hub.run(self.hub.calls, send)
 
     async def _poll_loop(self) -> None:
         watching = False
@@ -1224,6 +1244,16 @@ def _digest_of(settings: LockSettings) -> str:
     """A short digest of ``settings``, worked out once for the few settings a
     process uses: a release asks for it on the way to Redis."""
     return hashlib.blake2s(repr(settings).encode(), digest_size=4).hexdigest()
+
+
+def connection_lost(cause: BaseException | None) -> bool:
+    """Whether ``cause`` (a ``RedisUnavailable``'s) says that the connection the
+    call went out on was lost (reset or closed), as redis-py's
+    ``ConnectionError`` or the event loop's transport (``lost_in_transport``)
+    report it."""
+    return cause is not None and (
+        isinstance(cause, RedisConnectionError) or lost_in_transport(cause)
+    )
 
 
 def check_pool_size(where: str, client: object) -> None:

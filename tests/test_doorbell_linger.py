@@ -25,10 +25,11 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redis_fifo_lock import FifoLock
+from redis_fifo_lock import FifoLock, RedisUnavailable
 from redis_fifo_lock import doorbell as doorbell_module
 from redis_fifo_lock.doorbell import (
     CONFIRM_TIMEOUT_S,
@@ -39,8 +40,8 @@ from redis_fifo_lock.doorbell import (
     PROBE_TIMEOUT_S,
     Doorbell,
 )
-from redis_fifo_lock.protocol import Grant, PollReply, Protocol
-from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, hub_for
+from redis_fifo_lock.protocol import ClaimReply, Grant, PollReply, Protocol
+from redis_fifo_lock.waiting import RETRY_AFTER_ERROR_S, WaitGroup, hub_for
 from tests.conftest import FaultProxyFactory
 from tests.support.polling import until
 from tests.support.processes import contender, first_line
@@ -423,6 +424,82 @@ async def test_a_wait_whose_client_lost_every_connection_is_served_at_once_witho
     took = await _wait_once(holder, waiter, before_release=lambda: proxy.reset() or None)
     assert took < 0.8 * RETRY_AFTER_ERROR_S, f"served {took:.2f} s after the release"
     await client.aclose()
+
+
+async def _claim_through_a_lost_connection(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, object]:
+    """A queued request's claim whose first copy meets a lost connection (as
+    after a restart, when redis-py hands out a pooled connection that is
+    dead): how many claims were sent, and what ``WaitGroup.claim`` returned
+    (or raised)."""
+    client = Redis.from_url(redis_url, retry=Retry(NoBackoff(), 0))
+    holder = FifoLock(aredis, "claim-lost", **PROXIED)
+    waiter = FifoLock(client, "claim-lost", **PROXIED)
+    held = await holder.acquire(timeout=5)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20, token="w"))
+    sent: list[str] = []
+    claim = Protocol.claim
+
+    async def lost_once(self: Protocol, client: Any, keys: Any, *args: Any) -> Any:
+        sent.append(keys.name)
+        if len(sent) == 1:
+            raise RedisUnavailable(
+                keys.name, "lost", cause=RedisConnectionError("Connection reset by peer")
+            )
+        return await claim(self, client, keys, *args)
+
+    try:
+        group = hub_for(client).group(waiter.keys, waiter.settings, waiter._protocol)
+        await until(
+            lambda: "w" in group.waiters and group.waiters["w"].ticket is not None,
+            "w is queued",
+            pause_s=0.005,
+        )
+        ticket = group.waiters["w"].ticket
+        assert ticket is not None
+        monkeypatch.setattr(Protocol, "claim", lost_once)
+        try:
+            outcome: object = await group.claim("w", ticket)
+        except RedisUnavailable as exc:
+            outcome = exc
+        monkeypatch.undo()
+        return len(sent), outcome
+    finally:
+        await holder.release(held)
+        await waiter.release(await waiting)
+        await client.aclose()
+
+
+async def test_a_claim_that_met_a_lost_connection_is_sent_again_at_once(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a reset of every connection, the doorbell's new subscription can
+    take the pooled connection a failed poll reopened, and the waiter's claim of
+    its grant then met another dead one: it was served at its next poll, 3 s
+    after the release (a CI run of
+    test_a_wait_whose_client_lost_every_connection_is_served_at_once_without_retries).
+    A claim that met a lost connection is sent again at once."""
+    sent, outcome = await _claim_through_a_lost_connection(aredis, redis_url, monkeypatch)
+    assert sent == 2 and isinstance(outcome, ClaimReply), outcome
+    assert outcome.grant is None and outcome.queued_ticket is not None  # w still queued
+
+
+async def test_a_lost_connection_kills_claim_not_resent(
+    aredis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MUTANT claim-not-resent: a claim that met a lost connection is not sent
+    again (before this change)."""
+
+    async def claim_once(self: WaitGroup, token: str, ticket: int) -> Any:
+        return await self.hub.run(
+            self.hub.calls,
+            lambda client: self.protocol.claim(client, self.keys, token, ticket, self.settings),
+        )
+
+    monkeypatch.setattr(WaitGroup, "claim", claim_once)
+    _, outcome = await _claim_through_a_lost_connection(aredis, redis_url, monkeypatch)
+    assert isinstance(outcome, RedisUnavailable), "claim-not-resent passed"
 
 
 RACE = RuntimeError("read() called while another coroutine is already waiting for incoming data")
